@@ -1,0 +1,30 @@
+"""axa-django: a PostgreSQL job queue for Django."""
+
+from typing import TYPE_CHECKING, Any
+
+from .context import JobContext
+
+__all__ = ["DuplicateJob", "Job", "JobContext", "background_job", "enqueue", "enqueue_many"]
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from .models import Job
+    from .registry import background_job, enqueue, enqueue_many
+    from .rows import DuplicateJob
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so that importing axa_django in settings.py does not load models early.
+    if name == "Job":
+        from .models import Job
+
+        return Job
+    if name in ("background_job", "enqueue", "enqueue_many"):
+        from . import registry
+
+        return getattr(registry, name)
+    if name == "DuplicateJob":
+        from .rows import DuplicateJob
+
+        return DuplicateJob
+    raise AttributeError(f"module 'axa_django' has no attribute {name!r}")

@@ -1,0 +1,15 @@
+"""AppConfig: loads every installed app's jobs.py so every process knows every job."""
+
+from django.apps import AppConfig
+from django.utils.module_loading import autodiscover_modules
+
+
+class AxaDjangoConfig(AppConfig):
+    name = "axa_django"
+    verbose_name = "Background jobs"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks  # noqa: F401 - registers the system checks
+
+        autodiscover_modules("jobs")

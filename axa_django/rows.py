@@ -1,0 +1,180 @@
+"""Writing job rows: one INSERT per call, one per batch, in the caller's transaction."""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections
+
+from . import conf
+from .arguments import encode
+from .models import Job
+from .signals import job_enqueued
+
+if TYPE_CHECKING:
+    from .registry import JobFunction
+
+MAX_NAME_LENGTH = 200
+
+# Columns read back into a Job, in model order.
+_FIELDS = [f.attname for f in Job._meta.concrete_fields]
+_RETURNING = ", ".join(Job._meta.get_field(f).column for f in _FIELDS)
+# Django loads jsonb as text and decodes it in JSONField.from_db_value.
+_CONVERTERS = [getattr(Job._meta.get_field(f), "from_db_value", None) for f in _FIELDS]
+_COLUMNS = "id, name, args, queue, priority, run_at, max_attempts, unique_key, backend"
+_VALUES = "(%s, %s, %s::jsonb, %s, %s, GREATEST(COALESCE(%s, now()), now()), %s, %s, %s)"
+_ON_UNIQUE = (
+    "ON CONFLICT (name, unique_key) WHERE unique_key IS NOT NULL AND status IN ('queued', 'running') DO NOTHING"
+)
+
+
+class DuplicateJob(Exception):
+    """A job with this name and unique key is already queued or running."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(f"job {job.name!r} with unique key {job.unique_key!r} is already {job.status} ({job.id})")
+        self.job = job
+
+
+@dataclass(frozen=True)
+class Options:
+    """Per-call options; None means the job's own default."""
+
+    queue: str = "default"
+    priority: int = 0
+    run_at: datetime.datetime | None = None
+    delay: datetime.timedelta | None = None
+    unique_key: str | None = None
+    max_attempts: int | None = None
+    on_duplicate: str = "return"
+    backend: str | None = None
+
+    def checked(self) -> Options:
+        """Return these options validated, with ``delay`` folded into ``run_at``."""
+        if not isinstance(self.queue, str) or not self.queue:
+            raise ValueError(f"queue must be a non-empty str, not {self.queue!r}")
+        if type(self.priority) is not int or not -(2**31) <= self.priority < 2**31:
+            raise ValueError(f"priority must be an int between -2147483648 and 2147483647, not {self.priority!r}")
+        if self.max_attempts is not None and (type(self.max_attempts) is not int or self.max_attempts < 1):
+            raise ValueError(f"max_attempts must be a positive int, not {self.max_attempts!r}")
+        if self.unique_key is not None and not isinstance(self.unique_key, str):
+            raise TypeError(f"unique_key must be a str, not {type(self.unique_key).__name__}")
+        if self.on_duplicate not in ("return", "raise"):
+            raise ValueError(f"on_duplicate must be 'return' or 'raise', not {self.on_duplicate!r}")
+        run_at = self.run_at
+        if run_at is not None:
+            if not isinstance(run_at, datetime.datetime):
+                raise TypeError(f"run_at must be a datetime, not {type(run_at).__name__}")
+            if run_at.tzinfo is None or run_at.utcoffset() is None:
+                raise ValueError("run_at must be timezone-aware; use django.utils.timezone.now() + timedelta(...)")
+        if self.delay is not None:
+            if not isinstance(self.delay, datetime.timedelta):
+                raise TypeError(f"delay must be a timedelta, not {type(self.delay).__name__}")
+            if run_at is not None:
+                raise ValueError("pass run_at or delay, not both")
+            run_at = datetime.datetime.now(datetime.UTC) + self.delay
+        return replace(self, run_at=run_at, delay=None)
+
+
+def check_name(name: Any) -> str:
+    """Return ``name`` if it can name a job, else raise."""
+    if not isinstance(name, str):
+        raise TypeError(f"job name must be a str, not {type(name).__name__}")
+    if not name.strip():
+        raise ValueError("job name must not be empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise ValueError(f"job name is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}")
+    return name
+
+
+def _params(name: str, args: dict[str, Any], options: Options) -> list[Any]:
+    text = encode(args, f"the arguments of job {name!r}", conf.get("MAX_ARGS_BYTES"))
+    return [
+        uuid.uuid4(),
+        name,
+        text,
+        options.queue,
+        options.priority,
+        options.run_at,
+        options.max_attempts,
+        options.unique_key,
+        options.backend,
+    ]
+
+
+def _build(row: Sequence[Any], using: str) -> Job:
+    connection = connections[using]
+    values = [
+        convert(value, None, connection) if convert and value is not None else value
+        for convert, value in zip(_CONVERTERS, row, strict=True)
+    ]
+    return Job.from_db(using, _FIELDS, values)
+
+
+def write(name: str, args: dict[str, Any], options: Options, sender: JobFunction[Any, Any] | None) -> Job:
+    """Insert one job row (one statement) and return it as a Job."""
+    using = conf.get("DATABASE")
+    params = _params(name, args, options)
+    unique = options.unique_key is not None
+    sql = f"INSERT INTO axa_queue ({_COLUMNS}) VALUES {_VALUES} {_ON_UNIQUE if unique else ''} RETURNING {_RETURNING}"
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        existing = (
+            Job.objects.using(using)
+            .filter(name=name, unique_key=options.unique_key, status__in=[Job.Status.QUEUED, Job.Status.RUNNING])
+            .first()
+        )
+        if existing is None:
+            # The holder finished between our INSERT and SELECT: the slot is free again.
+            return write(name, args, options, sender)
+        if options.on_duplicate == "raise":
+            raise DuplicateJob(existing)
+        return existing
+    job = _build(row, using)
+    job_enqueued.send(sender=sender, job=job)
+    return job
+
+
+class BulkResult(list[Job]):
+    """The jobs a bulk enqueue wrote; ``skipped`` counts unique-key duplicates left out."""
+
+    skipped: int = 0
+
+
+def write_many(
+    items: Iterable[tuple[str, dict[str, Any], Options]], sender: JobFunction[Any, Any] | None
+) -> BulkResult:
+    """Insert many rows in one statement; validate every item before writing any."""
+    using = conf.get("DATABASE")
+    params: list[Any] = []
+    count = 0
+    for index, (name, args, options) in enumerate(items):
+        try:
+            params.extend(_params(name, args, options))
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"item {index}: {error}") from None
+        count += 1
+    result = BulkResult()
+    if not count:
+        return result
+    # Stay under PostgreSQL's 65,535 parameters per statement.
+    width = _VALUES.count("%s")
+    chunk = 65535 // width
+    with connections[using].cursor() as cursor:
+        for start in range(0, count, chunk):
+            part = params[start * width : (start + min(chunk, count - start)) * width]
+            values = ",".join([_VALUES] * (len(part) // width))
+            cursor.execute(
+                f"INSERT INTO axa_queue ({_COLUMNS}) VALUES {values} {_ON_UNIQUE} RETURNING {_RETURNING}", part
+            )
+            result.extend(_build(row, using) for row in cursor.fetchall())
+    result.skipped = count - len(result)
+    for job in result:
+        job_enqueued.send(sender=sender, job=job)
+    return result

@@ -1,0 +1,589 @@
+"""The worker: claims jobs in batches, runs them on threads, writes outcomes, stays alive.
+
+One process holds ``concurrency`` job threads plus three fixed connections: the
+dispatcher (claims, heartbeat, rescue), the listener (LISTEN axa_queue) and the
+finisher (writes outcomes in batches, retrying through outages). Job threads open a
+Django connection only if the job's own code uses the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import queue as queue_module
+import signal
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from django.db import connections
+
+from . import conf, registry, sql
+from .arguments import ArgumentsMismatch, encode, prepare_call
+from .context import JobContext
+from .signals import job_finished, job_started
+
+logger = logging.getLogger("axa_django")
+
+CHANNEL = "axa_queue"
+_RECONNECT_MAX = 5.0
+
+
+@dataclass
+class Claimed:
+    """A row this worker claimed."""
+
+    id: uuid.UUID
+    name: str
+    args: Any
+    attempt: int
+    max_attempts: int | None
+    backend: str | None = None
+    context: JobContext | None = field(default=None, repr=False)
+
+
+@dataclass
+class Outcome:
+    """What became of one attempt, ready for the FINISH statement."""
+
+    id: uuid.UUID
+    name: str
+    attempt: int
+    status: str
+    error: str | None = None
+    result: str | None = None
+    entry: str | None = None
+    delay: float = 0.0
+
+
+def connect(using: str, purpose: str) -> psycopg.Connection[Any]:
+    """Open an autocommit psycopg connection to the queue database."""
+    params = connections[using].get_connection_params()
+    for key in ("cursor_factory", "context", "server_side_binding"):
+        params.pop(key, None)
+    params.setdefault("application_name", f"axa_django {purpose}")
+    return psycopg.connect(autocommit=True, **params)
+
+
+def perform(job: Claimed, worker_id: uuid.UUID | None, resolve: Callable[[Claimed], Any] | None = None) -> Outcome:
+    """Run one claimed job and return its outcome; never raises for the job's own errors."""
+    function = resolve(job) if resolve else registry.get(job.name)
+    try:
+        if function is None:
+            raise NoHandler(f"no handler for job {job.name!r} in this worker")
+        try:
+            args, kwargs = prepare_call(function.signature, job.args)
+        except ArgumentsMismatch as error:
+            raise ArgumentsMismatch(f"the arguments do not fit {job.name}{function.signature}: {error}") from None
+        if function.takes_context:
+            job.context = job.context or JobContext(job.id, job.name, job.attempt, worker_id)
+            args.insert(0, job.context)
+        value = function.func(*args, **kwargs)
+        if asyncio.iscoroutine(value):
+            value = asyncio.run(value)
+        try:
+            result = encode(value, f"the return value of job {job.name!r}", 2**31)
+        except (TypeError, ValueError) as error:
+            raise BadResult(str(error)) from None
+    except (Exception, SystemExit) as error:  # noqa: BLE001 - a job's failure is data, not a crash
+        return _failure(job, function, error, worker_id)
+    return Outcome(job.id, job.name, job.attempt, "completed", result=result)
+
+
+class NoHandler(LookupError):
+    """No job of this name is registered in the worker."""
+
+
+class BadResult(TypeError):
+    """The job returned something that is not JSON."""
+
+
+def _failure(job: Claimed, function: Any, error: BaseException, worker_id: uuid.UUID | None) -> Outcome:
+    kind = type(error)
+    text = "".join(traceback.format_exception(error))
+    message = str(error) or kind.__name__
+    entry = json.dumps(
+        {
+            "attempt": job.attempt,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "worker": str(worker_id) if worker_id else None,
+            "type": f"{kind.__module__}.{kind.__qualname__}",
+            "message": message,
+            "traceback": text,
+        }
+    )
+    allowed = job.max_attempts or (function.attempts_allowed if function else 1)
+    permanent = function is None or isinstance(error, ArgumentsMismatch | BadResult | NoHandler)
+    if not permanent and job.attempt < allowed:
+        delay = max(0.0, function.retry_delay(job.attempt))
+        logger.warning(
+            "job %s %s failed (attempt %d of %d), retrying in %.1fs: %s",
+            job.name,
+            job.id,
+            job.attempt,
+            allowed,
+            delay,
+            message,
+        )
+        return Outcome(job.id, job.name, job.attempt, "queued", error=text, entry=entry, delay=delay)
+    logger.error("job %s %s failed: %s", job.name, job.id, message)
+    return Outcome(job.id, job.name, job.attempt, "failed", error=text, entry=entry)
+
+
+def finish(cursor: psycopg.Cursor[Any], outcomes: list[Outcome], worker_id: uuid.UUID | None) -> set[uuid.UUID]:
+    """Write outcomes in one statement; return the ids whose guard held."""
+    cursor.execute(
+        sql.FINISH,
+        {
+            "ids": [o.id for o in outcomes],
+            "statuses": [o.status for o in outcomes],
+            "errors": [o.error for o in outcomes],
+            "results": [o.result for o in outcomes],
+            "entries": [o.entry for o in outcomes],
+            "delays": [o.delay for o in outcomes],
+            "worker": worker_id,
+        },
+    )
+    return {row[0] for row in cursor.fetchall()}
+
+
+def run_inline(job: Any, function: registry.JobFunction[Any, Any]) -> None:
+    """Run a just-written row now, in this thread and transaction (immediate mode)."""
+    using = job._state.db or conf.get("DATABASE")
+    claimed = Claimed(job.id, job.name, job.args, 0, job.max_attempts)
+    with connections[using].cursor() as cursor:
+        while True:
+            cursor.execute(
+                "UPDATE axa_queue SET status = 'running', started_at = now(), updated_at = now(), "
+                "attempts = attempts + 1 WHERE id = %s AND status = 'queued' RETURNING attempts",
+                [job.id],
+            )
+            row = cursor.fetchone()
+            if row is None:
+                break
+            claimed.attempt = row[0]
+            job_started.send(sender=function, job_id=job.id, name=job.name, attempt=claimed.attempt)
+            outcome = perform(claimed, None)
+            outcome.delay = 0.0  # immediate mode retries at once
+            # Django's cursor wraps psycopg's; FINISH needs the raw one for arrays.
+            finish(cursor.cursor, [outcome], None)
+            _send_finished(function, outcome)
+            if outcome.status != "queued":
+                break
+    job.refresh_from_db(using=using)
+
+
+def _send_finished(function: Any, outcome: Outcome) -> None:
+    job_finished.send(
+        sender=function,
+        job_id=outcome.id,
+        name=outcome.name,
+        attempt=outcome.attempt,
+        status=outcome.status,
+        error=outcome.error,
+        result=json.loads(outcome.result) if outcome.result is not None else None,
+    )
+
+
+class Worker:
+    """Runs jobs until stopped; ``run()`` returns the process exit code."""
+
+    def __init__(
+        self,
+        *,
+        concurrency: int = 4,
+        poll_interval: float | None = None,
+        burst: bool = False,
+        max_jobs: int | None = None,
+        queues: Iterable[str] | None = None,
+        names: Iterable[str] | None = None,
+        grace_period: float | None = None,
+        using: str | None = None,
+        install_signals: bool = True,
+    ) -> None:
+        if type(concurrency) is not int or concurrency < 1:
+            raise ValueError(f"concurrency must be a positive whole number, not {concurrency!r}")
+        if poll_interval is not None and not (isinstance(poll_interval, int | float) and poll_interval > 0):
+            raise ValueError(f"poll_interval must be a positive number of seconds, not {poll_interval!r}")
+        if max_jobs is not None and (type(max_jobs) is not int or max_jobs < 1):
+            raise ValueError(f"max_jobs must be a positive whole number, not {max_jobs!r}")
+        if grace_period is not None and not (isinstance(grace_period, int | float) and grace_period >= 0):
+            raise ValueError(f"grace_period must be a number of seconds >= 0, not {grace_period!r}")
+        self.id = uuid.uuid4()
+        self.concurrency = concurrency
+        self.poll_interval = float(poll_interval or conf.get("POLL_INTERVAL"))
+        self.burst = burst
+        self.max_jobs = max_jobs
+        self.queues = sorted(set(queues)) if queues else None
+        self.names = sorted(set(names)) if names is not None else None
+        self.grace_period = grace_period
+        self.using = using or conf.get("DATABASE")
+        self.install_signals = install_signals
+        self.lease = float(conf.get("LEASE_SECONDS"))
+        self.stale_minutes = int(conf.get("STALE_MINUTES"))
+        self.notify = bool(conf.get("NOTIFY"))
+        self.processed = 0
+
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._aborting = threading.Event()
+        self._work: queue_module.SimpleQueue[Claimed | None] = queue_module.SimpleQueue()
+        self._outcomes: queue_module.SimpleQueue[Outcome | None] = queue_module.SimpleQueue()
+        self._lock = threading.Lock()
+        self._in_flight: dict[uuid.UUID, Claimed] = {}
+        self._unwritten = 0
+        self._conn: psycopg.Connection[Any] | None = None
+        self._threads: list[threading.Thread] = []
+        self._signals = 0
+
+    # -- control -----------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming; jobs in progress finish, then run() returns 0."""
+        self._stopping.set()
+        self._wake.set()
+
+    def abort(self) -> None:
+        """Stop now: give in-progress jobs back to the queue; run() returns 1."""
+        self._aborting.set()
+        self.stop()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            logger.info("received %s: finishing jobs in progress (again to abort)", signal.Signals(signum).name)
+            self.stop()
+        else:
+            logger.warning("received %s again: giving jobs in progress back to the queue", signal.Signals(signum).name)
+            self.abort()
+
+    # -- main loop ---------------------------------------------------------------
+
+    def handler_names(self) -> list[str]:
+        """Names of jobs this worker claims."""
+        names = sorted(registry.registry) if self.names is None else self.names
+        return [name for name in names if name in registry.registry]
+
+    def run(self) -> int:
+        """Run until stopped (or drained with burst); return the exit code."""
+        previous = {}
+        if self.install_signals and threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                previous[signum] = signal.signal(signum, self._on_signal)
+        try:
+            return self._run()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _run(self) -> int:
+        names = self.handler_names()
+        self._conn = self._reconnect_until_ready("dispatcher")
+        if self._conn is None:
+            return 1
+        settings = connections[self.using].settings_dict
+        logger.info(
+            "worker %s starting: concurrency %d, %d handlers (%s), queues %s, database %s on %s",
+            self.id,
+            self.concurrency,
+            len(names),
+            ", ".join(names) or "none",
+            ", ".join(self.queues) if self.queues else "all",
+            settings.get("NAME"),
+            settings.get("HOST") or "local",
+        )
+        self._register()
+        self._rescue()
+        self._start_threads()
+        next_housekeeping = 0.0
+        claimed_total = 0
+        while not self._stopping.is_set():
+            now = time.monotonic()
+            if now >= next_housekeeping:
+                self._housekeep()
+                next_housekeeping = now + self._housekeeping_interval()
+            idle = self.concurrency - len(self._in_flight)
+            if self.max_jobs is not None:
+                idle = min(idle, self.max_jobs - claimed_total)
+                if idle <= 0 and not self._in_flight:
+                    break
+            if idle <= 0:
+                self._wait(next_housekeeping - time.monotonic())
+                continue
+            self._wake.clear()
+            jobs = self._claim(names, idle)
+            if jobs is None:  # database trouble: already logged and backed off
+                continue
+            claimed_total += len(jobs)
+            for job in jobs:
+                self._work.put(job)
+            if len(jobs) < idle:
+                if self.burst and not jobs:
+                    if not self._in_flight and not self._unwritten:
+                        break
+                    self._wait(next_housekeeping - time.monotonic())
+                    continue
+                if not jobs:
+                    self._wait(min(self._next_run(names), next_housekeeping - time.monotonic()))
+        return self._shutdown()
+
+    def _housekeeping_interval(self) -> float:
+        return max(0.05, self.lease / 3)
+
+    def _wait(self, timeout: float) -> None:
+        self._wake.wait(max(0.0, min(timeout, self.poll_interval)))
+
+    # -- database steps ----------------------------------------------------------
+
+    def _reconnect_until_ready(self, purpose: str) -> psycopg.Connection[Any] | None:
+        delay = 0.1
+        while not self._aborting.is_set():
+            try:
+                return connect(self.using, purpose)
+            except psycopg.OperationalError as error:
+                if self._stopping.is_set() and not self._in_flight:
+                    return None
+                logger.warning("%s: cannot reach the database (%s); retrying in %.1fs", purpose, error, delay)
+                self._aborting.wait(delay)
+                delay = min(delay * 2, _RECONNECT_MAX)
+        return None
+
+    def _execute(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]] | None:
+        """Run one dispatcher statement; on a connection failure log, reconnect, return None."""
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = self._reconnect_until_ready("dispatcher")
+                if self._conn is None:
+                    return None
+            with self._conn.cursor() as cursor:
+                cursor.execute(query, params)
+                return cursor.fetchall() if cursor.description else []
+        except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+            logger.warning("dispatcher lost the database (%s); reconnecting", error)
+            self._close(self._conn)
+            self._conn = None
+            self._aborting.wait(0.2)
+            return None
+
+    def _register(self) -> None:
+        self._execute(
+            sql.REGISTER,
+            {
+                "worker": self.id,
+                "hostname": socket.gethostname(),
+                "pid": os.getpid(),
+                "concurrency": self.concurrency,
+                "queues": json.dumps(self.queues or []),
+            },
+        )
+
+    def _rescue(self) -> None:
+        rows = self._execute(sql.RESCUE, {"lease": self.lease, "stale": self.stale_minutes})
+        if rows:
+            logger.warning("requeued %d job(s) whose worker stopped", len(rows))
+
+    def _housekeep(self) -> None:
+        rows = self._execute(sql.HEARTBEAT, {"worker": self.id})
+        if not rows:
+            return
+        alive, cancelled = rows[0]
+        if not alive:
+            # Our row was taken for dead (we were cut off past the lease): rejoin.
+            logger.warning("worker %s was presumed dead; registering again", self.id)
+            self._register()
+        with self._lock:
+            for job_id in cancelled:
+                job = self._in_flight.get(job_id)
+                if job is not None and job.context is not None:
+                    job.context.cancel()
+        self._rescue()
+
+    def _claim(self, names: list[str], limit: int) -> list[Claimed] | None:
+        if not names:
+            return []
+        query = sql.CLAIM.format(queues=sql.CLAIM_QUEUES if self.queues else "")
+        rows = self._execute(query, {"worker": self.id, "names": names, "limit": limit, "queues": self.queues})
+        if rows is None:
+            return None
+        jobs = [Claimed(*row) for row in rows]
+        with self._lock:
+            for job in jobs:
+                if registry.get(job.name) is not None and registry.get(job.name).takes_context:
+                    job.context = JobContext(job.id, job.name, job.attempt, self.id)
+                self._in_flight[job.id] = job
+        return jobs
+
+    def _next_run(self, names: list[str]) -> float:
+        if not names:
+            return self.poll_interval
+        query = sql.NEXT_RUN.format(queues=sql.CLAIM_QUEUES if self.queues else "")
+        rows = self._execute(query, {"names": names, "queues": self.queues})
+        if not rows or rows[0][0] is None:
+            return self.poll_interval
+        return float(rows[0][0])
+
+    # -- threads -----------------------------------------------------------------
+
+    def _start_threads(self) -> None:
+        for index in range(self.concurrency):
+            self._spawn(self._job_loop, f"axa-job-{index}")
+        self._spawn(self._finish_loop, "axa-finisher")
+        if self.notify:
+            self._spawn(self._listen_loop, "axa-listener")
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _job_loop(self) -> None:
+        try:
+            while (job := self._work.get()) is not None:
+                function = registry.get(job.name)
+                job_started.send(sender=function, job_id=job.id, name=job.name, attempt=job.attempt)
+                outcome = perform(job, self.id)
+                _tidy_connections()
+                with self._lock:
+                    self._unwritten += 1
+                self._outcomes.put(outcome)
+                _send_finished(function, outcome)
+                with self._lock:
+                    self._in_flight.pop(job.id, None)
+                    self.processed += 1
+                self._wake.set()
+        finally:
+            connections.close_all()
+
+    def _finish_loop(self) -> None:
+        conn: psycopg.Connection[Any] | None = None
+        done = False
+        while not done:
+            first = self._outcomes.get()
+            if first is None:
+                break
+            batch = [first]
+            while len(batch) < 500:
+                try:
+                    item = self._outcomes.get_nowait()
+                except queue_module.Empty:
+                    break
+                if item is None:
+                    done = True
+                    break
+                batch.append(item)
+            delay = 0.1
+            while True:
+                try:
+                    if conn is None or conn.closed:
+                        conn = connect(self.using, "finisher")
+                    with conn.cursor() as cursor:
+                        written = finish(cursor, batch, self.id)
+                    break
+                except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+                    if self._aborting.is_set():
+                        written = set()
+                        break
+                    logger.warning("cannot write %d outcome(s) (%s); retrying in %.1fs", len(batch), error, delay)
+                    self._close(conn)
+                    conn = None
+                    self._aborting.wait(delay)
+                    delay = min(delay * 2, _RECONNECT_MAX)
+            for outcome in batch:
+                if outcome.id not in written and not self._aborting.is_set():
+                    logger.warning(
+                        "outcome of job %s %s not written: the job was rescued or changed meanwhile",
+                        outcome.name,
+                        outcome.id,
+                    )
+            with self._lock:
+                self._unwritten -= len(batch)
+            self._wake.set()
+        self._close(conn)
+
+    def _listen_loop(self) -> None:
+        conn: psycopg.Connection[Any] | None = None
+        delay = 0.1
+        while not self._stopping.is_set():
+            try:
+                if conn is None or conn.closed:
+                    conn = connect(self.using, "listener")
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    self._wake.set()  # anything enqueued while we were deaf
+                    delay = 0.1
+                for _ in conn.notifies(timeout=0.5):
+                    self._wake.set()
+            except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+                logger.warning("listener lost the database (%s); reconnecting in %.1fs", error, delay)
+                self._close(conn)
+                conn = None
+                self._stopping.wait(delay)
+                delay = min(delay * 2, _RECONNECT_MAX)
+        self._close(conn)
+
+    # -- shutdown ----------------------------------------------------------------
+
+    def _shutdown(self) -> int:
+        self._stopping.set()
+        for _ in range(self.concurrency):
+            self._work.put(None)
+        deadline = None if self.grace_period is None else time.monotonic() + self.grace_period
+        while self._in_flight and not self._aborting.is_set():
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                logger.warning("grace period over with %d job(s) still running", len(self._in_flight))
+                self._aborting.set()
+                break
+            self._wake.clear()
+            if self._in_flight:
+                self._wake.wait(0.1 if remaining is None else min(0.1, remaining))
+        code = 0
+        if self._aborting.is_set():
+            code = 1
+            with self._lock:
+                ids = list(self._in_flight)
+            if ids:
+                self._execute(sql.RELEASE, {"ids": ids, "worker": self.id})
+                logger.warning("gave %d job(s) back to the queue", len(ids))
+        else:
+            # Every job has finished; wait for the finisher to write their outcomes.
+            while self._unwritten:
+                self._wake.clear()
+                if self._unwritten:
+                    self._wake.wait(0.1)
+        self._outcomes.put(None)
+        for thread in self._threads:
+            if thread.name in ("axa-finisher", "axa-listener") or not self._aborting.is_set():
+                thread.join(timeout=None if not self._aborting.is_set() else 5)
+        self._execute(sql.UNREGISTER, {"worker": self.id})
+        self._close(self._conn)
+        logger.info("worker %s stopped after %d job(s)", self.id, self.processed)
+        return code
+
+    @staticmethod
+    def _close(conn: psycopg.Connection[Any] | None) -> None:
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+
+
+def _tidy_connections() -> None:
+    # Keep the job thread's Django connection across jobs (whatever CONN_MAX_AGE
+    # says) unless the job left it broken or inside a transaction.
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is None:
+            continue
+        if connection.in_atomic_block:
+            continue
+        if connection.errors_occurred or not connection.get_autocommit():
+            if not connection.is_usable() or not connection.get_autocommit():
+                connection.close()
+            connection.errors_occurred = False

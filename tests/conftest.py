@@ -1,0 +1,100 @@
+"""Fixtures: worker subprocesses against the test database, and waiting with deadlines."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def database_url() -> str:
+    """URL of the database the tests run on (the test database, once created)."""
+    s = connection.settings_dict
+    auth = quote(s["USER"] or "")
+    if s["PASSWORD"]:
+        auth += ":" + quote(s["PASSWORD"])
+    host = s["HOST"] or ""
+    if host.startswith("/"):
+        return f"postgresql://{auth}@/{quote(s['NAME'])}?host={quote(host)}"
+    port = f":{s['PORT']}" if s["PORT"] else ""
+    return f"postgresql://{auth}@{host}{port}/{quote(s['NAME'])}"
+
+
+class Workers:
+    """Start runworker subprocesses on the test database and clean them up."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(DATABASE_URL=database_url(), DJANGO_SETTINGS_MODULE="tests.settings", PYTHONUNBUFFERED="1")
+        env.update(extra)
+        return env
+
+    def start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "django", "runworker", *args],
+            cwd=ROOT,
+            env=env or self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def manage(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "django", *args],
+            cwd=ROOT,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+            if proc.stdout:
+                proc.stdout.close()
+
+
+@pytest.fixture
+def workers() -> Iterator[Workers]:
+    pool = Workers()
+    yield pool
+    pool.close()
+
+
+@pytest.fixture
+def log_file(tmp_path: Path) -> str:
+    path = tmp_path / "runs.log"
+    path.touch()
+    return str(path)

@@ -1,0 +1,58 @@
+"""Settings for the test suite: DATABASE_URL, or an embedded PostgreSQL per test session."""
+
+import os
+import tempfile
+from pathlib import Path
+
+from axa_django.devdb import database
+
+if "DATABASE_URL" not in os.environ:
+    # Each test session gets its own server in a fresh directory, removed at exit.
+    _DATA = Path(tempfile.mkdtemp(prefix="axa-test-")) / "pg"
+    DATABASES = {"default": database(_DATA, cleanup="delete")}
+else:
+    DATABASES = {"default": database("unused")}
+DATABASES["default"]["TEST"] = {"NAME": os.environ.get("AXA_TEST_DB_NAME", "axa_test")}
+
+SECRET_KEY = "tests"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "axa_django",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+AXA_DJANGO = {"POLL_INTERVAL": 0.2, "LEASE_SECONDS": 2.0}
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"axa_django": {"handlers": ["console"], "level": os.environ.get("AXA_LOG_LEVEL", "WARNING")}},
+}

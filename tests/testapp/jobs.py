@@ -1,0 +1,63 @@
+"""Jobs the test suite enqueues; workers in subprocesses find them through jobs.py discovery."""
+
+import os
+import time
+from pathlib import Path
+
+from axa_django import JobContext, background_job
+
+
+def _mark(path: str | None, text: str) -> None:
+    if path:
+        with open(path, "a") as f:
+            f.write(text + "\n")
+
+
+@background_job(name="CountWorker")
+def count(fail: bool) -> None:
+    """The seed's test job."""
+    if fail:
+        raise RuntimeError("told to fail")
+
+
+@background_job
+def add(a: int, b: int = 0) -> int:
+    return a + b
+
+
+@background_job
+def record(token: str, log: str) -> str:
+    """Append token to a file so tests can count executions across processes."""
+    _mark(log, token)
+    return token
+
+
+@background_job
+def slow(seconds: float, log: str | None = None, token: str = "") -> str:
+    _mark(log, f"start {token} {os.getpid()}")
+    time.sleep(seconds)
+    _mark(log, f"end {token} {os.getpid()}")
+    return "slept"
+
+
+@background_job(max_attempts=3, backoff=0)
+def flaky(log: str) -> int:
+    """Fails until it has run three times."""
+    _mark(log, "run")
+    runs = len(Path(log).read_text().splitlines())
+    if runs < 3:
+        raise ValueError(f"flaky run {runs}")
+    return runs
+
+
+@background_job(takes_context=True)
+def with_context(context: JobContext, seconds: float = 0) -> dict:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not context.is_cancelled():
+        time.sleep(0.01)
+    return {"attempt": context.attempt, "cancelled": context.is_cancelled(), "id": str(context.job_id)}
+
+
+@background_job
+def bad_result() -> object:
+    return {1, 2}
