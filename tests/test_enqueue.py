@@ -70,7 +70,12 @@ BAD_CALLS = [
     ((), {"a": -math.inf}, ValueError, "is -inf, which JSON cannot hold"),
     ((), {"a": b"x"}, TypeError, "argument 'a' of job 'tests.testapp.jobs.add' is a bytes, which is not JSON"),
     ((), {"a": bytearray(b"x")}, TypeError, "is a bytearray, which is not JSON; decode it"),
-    ((), {"a": datetime.datetime(2026, 1, 1)}, TypeError, "is a datetime.datetime, which is not JSON; pass value.isoformat()"),
+    (
+        (),
+        {"a": datetime.datetime(2026, 1, 1)},
+        TypeError,
+        "is a datetime.datetime, which is not JSON; pass value.isoformat()",
+    ),
     ((), {"a": datetime.date(2026, 1, 1)}, TypeError, "is a datetime.date, which is not JSON"),
     ((), {"a": decimal.Decimal("1.5")}, TypeError, "is a decimal.Decimal, which is not JSON"),
     ((), {"a": uuid.UUID(int=1)}, TypeError, "is a uuid.UUID, which is not JSON"),
@@ -78,7 +83,12 @@ BAD_CALLS = [
     ((), {"a": frozenset()}, TypeError, "is a frozenset, which is not JSON"),
     ((), {"a": (1, 2)}, TypeError, "is a tuple, which is not JSON; pass a list"),
     ((), {"a": {1: "x"}}, TypeError, "argument 'a' of job 'tests.testapp.jobs.add' has the key 1 of type int"),
-    ((), {"a": {"k": [1, {"deep": math.nan}]}}, ValueError, "argument 'a' of job 'tests.testapp.jobs.add'['k'][1]['deep'] is nan"),
+    (
+        (),
+        {"a": {"k": [1, {"deep": math.nan}]}},
+        ValueError,
+        "argument 'a' of job 'tests.testapp.jobs.add'['k'][1]['deep'] is nan",
+    ),
     ((), {"a": {"k": Thing()}}, TypeError, "['k'] is a tests.test_enqueue.Thing, which is not JSON"),
     ((), {"a": 1 + 2j}, TypeError, "is a complex, which is not JSON"),
     ((), {}, TypeError, "job 'tests.testapp.jobs.add': missing a required argument: 'a'"),
@@ -99,7 +109,10 @@ def test_bad_arguments_raise_and_write_nothing(args, kwargs, error, message):
 def test_value_over_the_size_limit_is_refused():
     with override_settings(AXA_DJANGO={"MAX_ARGS_BYTES": 100}), pytest.raises(ValueError) as raised:
         jobs.add.perform_later("x" * 200)
-    assert "the arguments of job 'tests.testapp.jobs.add': 208 bytes as JSON, over the limit of 100 (AXA_DJANGO['MAX_ARGS_BYTES'])" in str(raised.value)
+    assert (
+        "the arguments of job 'tests.testapp.jobs.add': 208 bytes as JSON, over the limit of 100 (AXA_DJANGO['MAX_ARGS_BYTES'])"
+        in str(raised.value)
+    )
     assert not Job.objects.exists()
 
 
