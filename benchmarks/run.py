@@ -48,7 +48,11 @@ def setup_database() -> str:
     import psycopg
 
     with psycopg.connect(
-        dbname=base["NAME"], user=base["USER"], password=base["PASSWORD"], host=base["HOST"], port=base["PORT"],
+        dbname=base["NAME"],
+        user=base["USER"],
+        password=base["PASSWORD"],
+        host=base["HOST"],
+        port=base["PORT"],
         autocommit=True,
     ) as conn:
         conn.execute("DROP DATABASE IF EXISTS axa_bench WITH (FORCE)")
@@ -77,8 +81,11 @@ def reset() -> None:
 def worker(*args: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="benchmarks.settings")
     return subprocess.Popen(
-        [sys.executable, "-m", "django", "runworker", *args], cwd=ROOT, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [sys.executable, "-m", "django", "runworker", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
 
 
@@ -139,13 +146,13 @@ def bench_latency(args: argparse.Namespace, results: dict[str, Any]) -> None:
         time.sleep(args.latency_gap)
     wait_until(
         lambda: sql("SELECT count(*) FROM axa_queue WHERE status = 'completed'")[0][0] == args.latency_jobs,
-        60, "latency jobs",
+        60,
+        "latency jobs",
     )
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
     delays = sorted(
-        float(row[0]) * 1000
-        for row in sql("SELECT extract(epoch FROM started_at - created_at) FROM axa_queue")
+        float(row[0]) * 1000 for row in sql("SELECT extract(epoch FROM started_at - created_at) FROM axa_queue")
     )
     q = statistics.quantiles(delays, n=100, method="inclusive")
     results["pickup_p50_ms"], results["pickup_p95_ms"], results["pickup_p99_ms"] = q[49], q[94], q[98]
