@@ -486,6 +486,8 @@ class Worker:
 
     def _finish_loop(self) -> None:
         conn: psycopg.Connection[Any] | None = None
+        with contextlib.suppress(psycopg.OperationalError):
+            conn = connect(self.using, "finisher")  # now, so the first outcome does not wait for it
         done = False
         while not done:
             first = self._outcomes.get()
