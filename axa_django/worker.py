@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 from django.db import connections
 
-from . import conf, registry, sql
+from . import conf, housekeeping, registry, sql
 from .arguments import ArgumentsMismatch, encode, prepare_call
 from .context import JobContext
 from .signals import job_finished, job_started
@@ -406,6 +406,7 @@ class Worker:
                 if job is not None and job.context is not None:
                     job.context.cancel()
         self._rescue()
+        housekeeping.run(self)
 
     def _claim(self, names: list[str], limit: int) -> list[Claimed] | None:
         if not names:
@@ -517,9 +518,12 @@ class Worker:
                 if conn is None or conn.closed:
                     conn = connect(self.using, "listener")
                     conn.execute(f"LISTEN {CHANNEL}")
+                    conn.execute(f"LISTEN {housekeeping.CANCEL_CHANNEL}")
                     self._wake.set()  # anything enqueued while we were deaf
                     delay = 0.1
-                for _ in conn.notifies(timeout=0.5):
+                for note in conn.notifies(timeout=0.5):
+                    if note.channel == housekeeping.CANCEL_CHANNEL:
+                        housekeeping.relay_cancel(self, note.payload)
                     self._wake.set()
             except (psycopg.OperationalError, psycopg.InterfaceError) as error:
                 logger.warning("listener lost the database (%s); reconnecting in %.1fs", error, delay)
