@@ -61,3 +61,21 @@ def with_context(context: JobContext, seconds: float = 0) -> dict:
 @background_job
 def bad_result() -> object:
     return {1, 2}
+
+
+@background_job(unique=lambda user_id: f"user:{user_id}")
+def sync_user(user_id: int) -> int:
+    """At most one queued or running per user."""
+    return user_id
+
+
+@background_job(queue="emails", priority=5)
+def send_email(token: str, log: str) -> str:
+    _mark(log, f"email {token}")
+    return token
+
+
+if os.environ.get("AXA_TEST_CRON"):
+    # Only the worker subprocesses of the cron tests know the every-second job, so
+    # other tests' workers do not enqueue it.
+    from . import cron_jobs  # noqa: F401
