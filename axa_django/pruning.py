@@ -35,6 +35,15 @@ def parse_duration(text: str) -> datetime.timedelta:
     return datetime.timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
 
 
+def format_duration(duration: datetime.timedelta) -> str:
+    """Write a duration the way ``parse_duration`` reads it, in its largest whole unit up to days."""
+    seconds = int(duration.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{duration.total_seconds():g}s"
+
+
 def _statuses(statuses: Iterable[str] | None) -> list[str]:
     chosen = sorted(set(statuses or FINISHED))
     unknown = [s for s in chosen if s not in FINISHED]

@@ -45,7 +45,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         older_than = options["older_than"]
         statuses = options["statuses"] or list(pruning.FINISHED)
-        what = f"{'/'.join(sorted(set(statuses)))} jobs older than {older_than}"
+        what = f"{'/'.join(sorted(set(statuses)))} jobs older than {pruning.format_duration(older_than)}"
         try:
             if options["dry_run"]:
                 self.stdout.write(f"would delete {pruning.count(older_than, statuses)} {what}")
