@@ -30,7 +30,7 @@ from django.db import connections
 
 from . import conf, housekeeping, registry, sql
 from .arguments import ArgumentsMismatch, encode, prepare_call
-from .context import JobContext
+from .context import JobCancelled, JobContext, run_cancellable
 from .signals import job_finished, job_started
 
 logger = logging.getLogger("axa_django")
@@ -91,7 +91,7 @@ def perform(job: Claimed, worker_id: uuid.UUID | None, resolve: Callable[[Claime
             args.insert(0, job.context)
         value = function.func(*args, **kwargs)
         if asyncio.iscoroutine(value):
-            value = asyncio.run(value)
+            value = asyncio.run(run_cancellable(value, job.context))
         try:
             result = encode(value, f"the return value of job {job.name!r}", 2**31)
         except (TypeError, ValueError) as error:
@@ -123,6 +123,9 @@ def _failure(job: Claimed, function: Any, error: BaseException, worker_id: uuid.
             "traceback": text,
         }
     )
+    if isinstance(error, JobCancelled):
+        logger.info("job %s %s cancelled", job.name, job.id)
+        return Outcome(job.id, job.name, job.attempt, "cancelled", error=text, entry=entry)
     allowed = job.max_attempts or (function.attempts_allowed if function else 1)
     permanent = function is None or isinstance(error, ArgumentsMismatch | BadResult | NoHandler)
     if not permanent and job.attempt < allowed:
@@ -421,7 +424,8 @@ class Worker:
         jobs = [Claimed(*row) for row in rows]
         with self._lock:
             for job in jobs:
-                if registry.get(job.name) is not None and registry.get(job.name).takes_context:
+                function = registry.get(job.name)
+                if function is not None and (function.takes_context or function.is_async):
                     job.context = JobContext(job.id, job.name, job.attempt, self.id)
                 self._in_flight[job.id] = job
         return jobs

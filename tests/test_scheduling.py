@@ -291,6 +291,35 @@ def test_cancel_running_job_reaches_its_context_through_heartbeat(settings: Any)
     assert not thread.is_alive()
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("job_function", "kwargs", "status", "result"),
+    [
+        (jobs.async_wait, {"seconds": 120}, "cancelled", None),
+        (jobs.async_wait, {"seconds": 120, "cleanup": True}, "completed", "cleaned up"),
+        (jobs.stoppable, {}, "cancelled", None),
+    ],
+    ids=["async", "async-catches-CancelledError", "sync-raises-JobCancelled"],
+)
+def test_cancelled_running_job_ends_as_cancelled_and_is_not_retried(
+    workers: Workers, job_function: Any, kwargs: dict[str, Any], status: str, result: Any
+) -> None:
+    workers.start("--concurrency", "1")
+    job = job_function.perform_later(**kwargs)
+    wait_for(lambda: Job.objects.get(pk=job.pk).status == "running", what="the job running")
+
+    assert job.cancel() is True
+
+    done = wait_for(
+        lambda: (j := Job.objects.get(pk=job.pk)).status not in ("queued", "running") and j, what="the job ending"
+    )
+    assert (done.status, done.result, done.attempts) == (status, result, 1)
+    if status == "cancelled":
+        assert "JobCancelled" in done.error
+        assert done.errors[-1]["type"] == "axa_django.context.JobCancelled"
+        assert done.finished_at is not None
+
+
 # -- results --------------------------------------------------------------------------
 
 
