@@ -42,9 +42,11 @@ def run(worker: Worker) -> None:
             if deleted:
                 logger.info("pruned %d finished job(s) older than RETENTION", deleted)
     except DatabaseError as error:
-        # The next housekeeping tries again; a broken connection is replaced then.
+        # The next housekeeping tries again, on a new connection if this one broke.
         logger.warning("housekeeping failed (%s); retrying later", error)
         connections[worker.using].close_if_unusable_or_obsolete()
+    except Exception:  # scheduling and pruning must never stop the worker
+        logger.exception("housekeeping failed; retrying later")
 
 
 def relay_cancel(worker: Worker, payload: str) -> None:
