@@ -163,3 +163,34 @@ def test_listjobs_prints_every_job_with_options_and_schedule(five: JobFunction[A
     next_run = datetime.datetime.fromisoformat(row[9])
     assert next_run > datetime.datetime.now(UTC)
     assert next_run.minute % 5 == 0 and next_run.second == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker_housekeeping_schedules_only_jobs_it_could_run(five: JobFunction[Any, Any]) -> None:
+    from axa_django.worker import Worker
+
+    assert Worker(burst=True, install_signals=False, queues=["default"]).run() == 0
+    assert not Schedule.objects.exists()
+    assert Worker(burst=True, install_signals=False, names=["tests.testapp.jobs.add"]).run() == 0
+    assert not Schedule.objects.exists()
+
+    assert Worker(burst=True, install_signals=False, queues=["cron"]).run() == 0
+    # First sight: the latest occurrence is recorded, nothing runs yet.
+    assert Schedule.objects.get().name == five.name
+    assert cron.due(five, Schedule.objects.get().last_run) == Schedule.objects.get().last_run
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failing_schedule_does_not_stop_the_worker(
+    five: JobFunction[Any, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    from axa_django.worker import Worker
+    from tests.testapp import jobs
+
+    five.cron = "not a cron expression"  # as if the registry held something broken
+    job = jobs.add.perform_later(1, 2)
+    assert Worker(burst=True, install_signals=False).run() == 0
+    job.refresh_from_db()
+    assert job.result == 3
+    assert "housekeeping failed" in caplog.text
