@@ -105,17 +105,19 @@ def schedule(
     *,
     names: Iterable[str] | None = None,
     queues: Iterable[str] | None = None,
-    using: str | None = None,
 ) -> list[Job]:
     """Enqueue every due occurrence not yet enqueued by any worker; return the jobs written.
 
-    ``now`` defaults to the database clock. A schedule seen for the first time only
-    records its latest occurrence, so deploying a job does not run it at once.
+    ``now`` (aware) defaults to the database clock. A schedule seen for the first time
+    only records its latest occurrence, so deploying a job does not run it at once.
     """
+    if now is not None and now.utcoffset() is None:
+        raise ValueError("now must be timezone-aware")
     jobs = scheduled_jobs(names, queues)
     if not jobs:
         return []
-    using = using or conf.get("DATABASE")
+    # The queue database, where rows.write inserts: the compare-and-set must share its transaction.
+    using = conf.get("DATABASE")
     if now is None:
         with connections[using].cursor() as cursor:
             cursor.execute("SELECT now()")

@@ -33,7 +33,7 @@ def run(worker: Worker) -> None:
     if not cron.scheduled_jobs(names, worker.queues) and retention is None:
         return
     try:
-        for job in cron.schedule(names=names, queues=worker.queues, using=worker.using):
+        for job in cron.schedule(names=names, queues=worker.queues):
             logger.info("enqueued periodic job %s %s for %s", job.name, job.id, job.unique_key)
         if retention is not None:
             deleted = pruning.prune_batch(

@@ -82,6 +82,8 @@ def test_first_sight_records_without_running_then_each_tick_once(five: JobFuncti
     assert cron.schedule(at(0, 7), names=names) == []
     assert Schedule.objects.get(name=five.name).last_run == at(0, 5)
     assert cron.schedule(at(0, 9, 59), names=names) == []
+    with pytest.raises(ValueError, match="aware"):
+        cron.schedule(datetime.datetime(2026, 1, 1, 0, 10), names=names)
 
     [job] = cron.schedule(at(0, 10), names=names)
     job.refresh_from_db()
