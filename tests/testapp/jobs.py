@@ -64,6 +64,13 @@ def bad_result() -> object:
     return {1, 2}
 
 
+@background_job
+def trace(token: str, log: str, seconds: float = 0.0) -> None:
+    """Run for a while, then log token and pid: who ran what, for the chaos tests."""
+    time.sleep(seconds)
+    _mark(log, f"{token} {os.getpid()}")
+
+
 @background_job(unique=lambda user_id: f"user:{user_id}")
 def sync_user(user_id: int) -> int:
     """At most one queued or running per user."""
