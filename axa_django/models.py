@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.db import models
+from django.db import connections, models
 from django.db.models.functions import Now
 
 
@@ -33,9 +33,22 @@ class JobQuerySet(models.QuerySet["Job"]):
         queued = self.filter(status=Job.Status.QUEUED).update(
             status=Job.Status.CANCELLED, finished_at=Now(), updated_at=Now()
         )
-        running = self.filter(status=Job.Status.RUNNING, cancel_requested=False).update(
-            cancel_requested=True, updated_at=Now()
+        # Flag running jobs and NOTIFY their workers in one statement; the worker's
+        # heartbeat relays the flag too, for workers that do not listen.
+        subquery, params = (
+            self.filter(status=Job.Status.RUNNING, cancel_requested=False)
+            .order_by()
+            .values("id")
+            .query.sql_with_params()
         )
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(
+                "WITH flagged AS (UPDATE axa_queue SET cancel_requested = true, updated_at = now() "
+                f"WHERE id IN ({subquery}) AND status = 'running' AND NOT cancel_requested RETURNING id) "
+                "SELECT pg_notify('axa_cancel', id::text) FROM flagged",
+                params,
+            )
+            running = len(cursor.fetchall())
         return queued + running
 
 
@@ -144,3 +157,17 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return f"{self.hostname}:{self.pid}"
+
+
+class Schedule(models.Model):
+    """The last enqueued occurrence of a periodic job; workers advance it with compare-and-set."""
+
+    name = models.TextField(primary_key=True)
+    last_run = models.DateTimeField()
+
+    class Meta:
+        db_table = "axa_schedule"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} (last run {self.last_run:%Y-%m-%d %H:%M:%S%z})"

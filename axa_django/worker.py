@@ -28,9 +28,9 @@ from typing import Any
 import psycopg
 from django.db import connections
 
-from . import conf, registry, sql
+from . import conf, housekeeping, registry, sql
 from .arguments import ArgumentsMismatch, encode, prepare_call
-from .context import JobContext
+from .context import JobCancelled, JobContext, run_cancellable
 from .signals import job_finished, job_started
 
 logger = logging.getLogger("axa_django")
@@ -97,7 +97,7 @@ def perform(job: Claimed, worker_id: uuid.UUID | None, resolve: Callable[[Claime
             args.insert(0, job.context)
         value = function.func(*args, **kwargs)
         if asyncio.iscoroutine(value):
-            value = asyncio.run(value)
+            value = asyncio.run(run_cancellable(value, job.context))
         try:
             result = encode(value, f"the return value of job {job.name!r}", 2**31)
         except (TypeError, ValueError) as error:
@@ -129,6 +129,9 @@ def _failure(job: Claimed, function: Any, error: BaseException, worker_id: uuid.
             "traceback": text,
         }
     )
+    if isinstance(error, JobCancelled):
+        logger.info("job %s %s cancelled", job.name, job.id)
+        return Outcome(job.id, job.name, job.attempt, "cancelled", error=text, entry=entry)
     allowed = job.max_attempts or (function.attempts_allowed if function else 1)
     permanent = function is None or isinstance(error, ArgumentsMismatch | BadResult | NoHandler)
     if not permanent and job.attempt < allowed:
@@ -427,6 +430,7 @@ class Worker:
                 if job is not None and job.context is not None:
                     job.context.cancel()
         self._rescue()
+        housekeeping.run(self)
 
     def _claim(self, names: list[str], limit: int) -> list[Claimed] | None:
         if not names:
@@ -438,7 +442,8 @@ class Worker:
         jobs = [Claimed(*row) for row in rows]
         with self._lock:
             for job in jobs:
-                if registry.get(job.name) is not None and registry.get(job.name).takes_context:
+                function = registry.get(job.name)
+                if function is not None and (function.takes_context or function.is_async):
                     job.context = JobContext(job.id, job.name, job.attempt, self.id)
                 self._in_flight[job.id] = job
         return jobs
@@ -540,9 +545,12 @@ class Worker:
                 if conn is None or conn.closed:
                     conn = connect(self.using, "listener")
                     conn.execute(f"LISTEN {CHANNEL}")
+                    conn.execute(f"LISTEN {housekeeping.CANCEL_CHANNEL}")
                     self._wake.set()  # anything enqueued while we were deaf
                     delay = 0.1
-                for _ in conn.notifies(timeout=0.5):
+                for note in conn.notifies(timeout=0.5):
+                    if note.channel == housekeeping.CANCEL_CHANNEL:
+                        housekeeping.relay_cancel(self, note.payload)
                     self._wake.set()
             except (psycopg.OperationalError, psycopg.InterfaceError) as error:
                 logger.warning("listener lost the database (%s); reconnecting in %.1fs", error, delay)
