@@ -5,8 +5,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.db import models
+from django.db import connections, models
 from django.db.models.functions import Now
+
+from . import sql
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -17,8 +19,8 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(status=Job.Status.QUEUED, run_at__lte=Now())
 
     def retry(self) -> int:
-        """Queue failed jobs again to run now; return how many changed."""
-        return self.filter(status=Job.Status.FAILED).update(
+        """Queue failed jobs again to run now, waking idle workers; return how many changed."""
+        changed = self.filter(status=Job.Status.FAILED).update(
             status=Job.Status.QUEUED,
             run_at=Now(),
             started_at=None,
@@ -27,6 +29,11 @@ class JobQuerySet(models.QuerySet["Job"]):
             attempts=0,
             updated_at=Now(),
         )
+        if changed:
+            # The insert trigger does not fire on UPDATE; notify so workers need not wait a poll.
+            with connections[self.db].cursor() as cursor:
+                cursor.execute(sql.WAKE)
+        return changed
 
     def cancel(self) -> int:
         """Cancel queued jobs and ask running ones to stop; return how many changed."""
@@ -144,3 +151,7 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return f"{self.hostname}:{self.pid}"
+
+
+# The admin's proxy models must load with the app's models, or migrations would see them vanish.
+from .proxies import FailedJob, QueueDashboard  # noqa: E402, F401
