@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 import os
@@ -83,7 +84,8 @@ def perform(job: Claimed, worker_id: uuid.UUID | None, resolve: Callable[[Claime
         try:
             args, kwargs = prepare_call(function.signature, job.args)
         except ArgumentsMismatch as error:
-            raise ArgumentsMismatch(f"the arguments do not fit {job.name}{function.signature}: {error}") from None
+            shape = function.signature.replace(return_annotation=inspect.Signature.empty)
+            raise ArgumentsMismatch(f"the arguments do not fit {job.name}{shape}: {error}") from None
         if function.takes_context:
             job.context = job.context or JobContext(job.id, job.name, job.attempt, worker_id)
             args.insert(0, job.context)
@@ -311,11 +313,12 @@ class Worker:
             if now >= next_housekeeping:
                 self._housekeep()
                 next_housekeeping = now + self._housekeeping_interval()
-            idle = self.concurrency - len(self._in_flight)
+            busy = len(self._in_flight)
+            idle = self.concurrency - busy
             if self.max_jobs is not None:
-                idle = min(idle, self.max_jobs - claimed_total)
-                if idle <= 0 and not self._in_flight:
+                if claimed_total >= self.max_jobs and not busy:
                     break
+                idle = min(idle, self.max_jobs - claimed_total)
             if idle <= 0:
                 self._wait(next_housekeeping - time.monotonic())
                 continue
@@ -560,6 +563,8 @@ class Worker:
                 if self._unwritten:
                     self._wake.wait(0.1)
         self._outcomes.put(None)
+        if self.notify:
+            self._execute(sql.WAKE, {})  # lets the listener see that we stop
         for thread in self._threads:
             if thread.name in ("axa-finisher", "axa-listener") or not self._aborting.is_set():
                 thread.join(timeout=None if not self._aborting.is_set() else 5)
