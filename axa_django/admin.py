@@ -21,7 +21,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 
 from . import dashboard, registry
 from .models import Job
@@ -286,7 +286,7 @@ class JobAdmin(admin.ModelAdmin):
     def error_shown(self, job: Job) -> SafeString:
         line = error_line(job)
         if not line:
-            return format_html("")
+            return mark_safe("")
         short = line if len(line) <= 120 else line[:119] + "\u2026"
         return format_html('<span class="axa-error" title="{}">{}</span>', line, short)
 
@@ -302,7 +302,7 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="result")
     def result_shown(self, job: Job) -> SafeString:
-        return pretty_json(job.result) if job.result is not None else format_html("-")
+        return pretty_json(job.result) if job.result is not None else mark_safe("-")
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
