@@ -445,12 +445,16 @@ def _job_id(object_id: str) -> uuid.UUID | None:
 class FailedJobAdmin(JobAdmin):
     """Only failed jobs, the most recent failure first, with each error's first line."""
 
-    list_display = ("short_id", "name", "finished_shown", "attempts_shown", "queue", "error_shown")
+    list_display = ("short_id", "name", "failed_at", "attempts_shown", "queue", "error_shown")
     list_filter = (NameFilter, QueueFilter, "finished_at")
     ordering = ("-finished_at",)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return super().get_queryset(request).filter(status=Job.Status.FAILED)
+
+    @admin.display(description="failed at", ordering="finished_at")
+    def failed_at(self, job: Job) -> str:
+        return format_time(job.finished_at)
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None

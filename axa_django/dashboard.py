@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,10 +107,17 @@ def collect(using: str | None = None) -> Stats:
         hours = [Hour(start, completed, failed) for start, completed, failed in cursor.fetchall()]
         cursor.execute(WORKERS)
         workers = [
-            WorkerRow(id_, host, pid, conc, queues or [], started, age, running, age <= lease)
+            WorkerRow(id_, host, pid, conc, _json_list(queues), started, age, running, age <= lease)
             for id_, host, pid, conc, queues, started, age, running in cursor.fetchall()
         ]
     return Stats(now, counts, ready, oldest, hours, workers)
+
+
+def _json_list(value: Any) -> list[str]:
+    # Django's PostgreSQL backend hands raw cursors jsonb as text.
+    if isinstance(value, str):
+        value = json.loads(value)
+    return [str(item) for item in value] if isinstance(value, list) else []
 
 
 def chart_svg(hours: list[Hour], width: int = 720, height: int = 180) -> SafeString:

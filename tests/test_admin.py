@@ -513,7 +513,8 @@ def test_dashboard_counts_oldest_ready_chart_and_workers(admin_client: Client) -
     assert "1 h 30 min" in html or "1 h 31 min" in html
     assert "box-a" in html and "box-b" in html and "(lease expired)" in html
     rows = {w.hostname: w for w in stats.workers}
-    assert rows["box-a"].alive and rows["box-a"].running == 1
+    assert rows["box-a"].alive and rows["box-a"].running == 1 and rows["box-a"].queues == ["default"]
+    assert rows["box-b"].queues == [] and "<td>all</td>" in html
     assert not rows["box-b"].alive
     assert f'href="{JOBS}?status__exact=failed"' in html
 
