@@ -66,11 +66,19 @@ def format_duration(value: datetime.timedelta | None) -> str:
     return f"{int(seconds // 86400)} d {int(seconds % 86400 // 3600)} h"
 
 
-def format_time(value: datetime.datetime | None) -> str:
-    """A compact timestamp in the current time zone."""
+def format_time(value: datetime.datetime | None) -> SafeString:
+    """A compact timestamp in the current time zone (time only if today), the full one on hover."""
     if value is None:
-        return "-"
-    return timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S")
+        return mark_safe("-")
+    local = timezone.localtime(value)
+    today = timezone.localdate()
+    if local.date() == today:
+        short = local.strftime("%H:%M:%S")
+    elif local.year == today.year:
+        short = local.strftime("%b %d %H:%M")
+    else:
+        short = local.strftime("%Y-%m-%d")
+    return format_html('<time datetime="{}" title="{}">{}</time>', local.isoformat(), local.isoformat(" "), short)
 
 
 def error_line(job: Job) -> str:
@@ -114,6 +122,10 @@ class NameFilter(admin.SimpleListFilter):
         return queryset.filter(name=self.value()) if self.value() else queryset
 
 
+def _registered_queues() -> set[str]:
+    return {job.options.queue for job in registry.registry.values()}
+
+
 class QueueFilter(admin.SimpleListFilter):
     """Filter by queue; shown once registered jobs use more than one queue."""
 
@@ -121,7 +133,7 @@ class QueueFilter(admin.SimpleListFilter):
     parameter_name = "queue"
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        queues = {job.options.queue for job in registry.registry.values()}
+        queues = _registered_queues()
         current = self.value()
         if current:
             queues.add(current)
@@ -234,6 +246,12 @@ class JobAdmin(admin.ModelAdmin):
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return JobChangeList
 
+    def get_list_display(self, request: HttpRequest) -> Any:
+        columns = super().get_list_display(request)
+        if len(_registered_queues()) < 2 and "queue" not in request.GET:
+            columns = tuple(c for c in columns if c != "queue")  # one queue: the column says nothing
+        return columns
+
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
     ) -> tuple[QuerySet[Any], bool]:
@@ -267,15 +285,15 @@ class JobAdmin(admin.ModelAdmin):
         return f"{job.attempts}/{job.max_attempts}" if job.max_attempts else str(job.attempts)
 
     @admin.display(description="run at", ordering="run_at")
-    def run_at_shown(self, job: Job) -> str:
+    def run_at_shown(self, job: Job) -> SafeString:
         return format_time(job.run_at)
 
     @admin.display(description="started", ordering="started_at")
-    def started_shown(self, job: Job) -> str:
+    def started_shown(self, job: Job) -> SafeString:
         return format_time(job.started_at)
 
     @admin.display(description="finished", ordering="finished_at")
-    def finished_shown(self, job: Job) -> str:
+    def finished_shown(self, job: Job) -> SafeString:
         return format_time(job.finished_at)
 
     @admin.display(description="duration")
@@ -355,6 +373,7 @@ class JobAdmin(admin.ModelAdmin):
             return HttpResponseNotAllowed(["POST"])
         job = self._post_target(request, object_id, self.has_retry_permission(request))
         if Job.objects.filter(pk=job.pk).retry():
+            self.log_change(request, job, "Retried: queued to run again.")
             self.message_user(request, f"Job {job.pk} is queued to run again.", messages.SUCCESS)
         else:
             job.refresh_from_db()
@@ -373,6 +392,7 @@ class JobAdmin(admin.ModelAdmin):
                 text = f"Job {job.pk} is running; its worker was asked to cancel it."
             else:
                 text = f"Job {job.pk} was cancelled."
+            self.log_change(request, job, text)
             self.message_user(request, text, messages.SUCCESS)
         else:
             job.refresh_from_db()
@@ -453,7 +473,7 @@ class FailedJobAdmin(JobAdmin):
         return super().get_queryset(request).filter(status=Job.Status.FAILED)
 
     @admin.display(description="failed at", ordering="finished_at")
-    def failed_at(self, job: Job) -> str:
+    def failed_at(self, job: Job) -> SafeString:
         return format_time(job.finished_at)
 
     def change_view(

@@ -275,6 +275,8 @@ def test_retry_button_queues_a_failed_job_now(admin_client: Client) -> None:
     assert (job.status, job.attempts, job.worker_id, job.finished_at) == ("queued", 0, None, None)
     assert job.errors  # history is kept
     assert any("queued to run again" in m for m in messages_of(response))
+    history = admin_client.get(reverse("admin:axa_django_job_history", args=[job.pk])).content.decode()
+    assert "Retried: queued to run again." in history  # the button leaves an audit trail
 
 
 def test_retry_skips_a_job_that_is_no_longer_failed(admin_client: Client) -> None:

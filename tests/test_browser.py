@@ -51,7 +51,7 @@ def page(live_server: Any) -> Iterator[Any]:
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            context = browser.new_context(viewport={"width": 1280, "height": 800})
+            context = browser.new_context(viewport={"width": 1440, "height": 900})
             tab = context.new_page()
             tab.set_default_timeout(30_000)
             tab.goto(f"{live_server.url}/admin/login/")
@@ -67,11 +67,11 @@ def page(live_server: Any) -> Iterator[Any]:
             connections.close_all()
 
 
-def screenshot(tab: Any, name: str, *, docs: bool = False) -> Path:
+def screenshot(tab: Any, name: str, *, docs: bool = False, full_page: bool = True) -> Path:
     """Save a full-page screenshot where CI keeps it, and if asked a copy for the README."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     target = SCREENSHOTS / name
-    tab.screenshot(path=str(target), full_page=True)
+    tab.screenshot(path=str(target), full_page=full_page)
     assert target.stat().st_size > 10_000
     if docs:
         DOCS.mkdir(exist_ok=True)
@@ -161,6 +161,10 @@ def test_retry_a_failed_job_in_the_browser_and_a_worker_completes_it(
 
     # The dashboard, with a day of history and a live worker heartbeating.
     backfilled = backfill_a_day()
+    page.goto(f"{live_server.url}/admin/axa_django/job/")
+    assert page.locator("#result_list tbody tr").count() == 50
+    assert f"{Job.objects.count()} jobs" in page.locator(".paginator").inner_text()
+    screenshot(page, "jobs.png", full_page=False)
     live = workers.start()
     wait_for(lambda: Worker.objects.exists(), 30, "the worker to register")
     page.goto(f"{live_server.url}/admin/")
