@@ -10,6 +10,7 @@ if "DATABASE_URL" not in os.environ:
     # Each test session gets its own server in a fresh directory, removed at exit.
     _DATA = Path(tempfile.mkdtemp(prefix="axa-test-")) / "pg"
     DATABASES = {"default": database(_DATA, cleanup="delete")}
+    TEST_PGDATA = str(_DATA)  # lets the outage test restart the server
 else:
     DATABASES = {"default": database("unused")}
 DATABASES["default"]["TEST"] = {"NAME": os.environ.get("AXA_TEST_DB_NAME", "axa_test")}
@@ -51,7 +52,7 @@ TEMPLATES = [
         },
     }
 ]
-AXA_DJANGO = {"POLL_INTERVAL": 0.2, "LEASE_SECONDS": 2.0}
+AXA_DJANGO = {"POLL_INTERVAL": 0.2, "LEASE_SECONDS": float(os.environ.get("AXA_TEST_LEASE", "3"))}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -61,3 +61,10 @@ def with_context(context: JobContext, seconds: float = 0) -> dict:
 @background_job
 def bad_result() -> object:
     return {1, 2}
+
+
+@background_job
+def trace(token: str, log: str, seconds: float = 0.0) -> None:
+    """Run for a while, then log token and pid: who ran what, for the chaos tests."""
+    time.sleep(seconds)
+    _mark(log, f"{token} {os.getpid()}")
