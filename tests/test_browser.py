@@ -39,14 +39,14 @@ pytestmark = [
     ),
     pytest.mark.django_db(transaction=True),
 ]
-# Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
-# synchronous and safe, and the live server answers from its own thread.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
 @pytest.fixture
-def page(live_server: Any) -> Iterator[Any]:
+def page(live_server: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """A logged-in admin page in headless Chromium."""
+    # Playwright's sync API keeps an event loop running in this thread, so Django takes
+    # the test's plain synchronous ORM calls for async code; they are safe here.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     User.objects.create_superuser("admin", "admin@example.com", "correct horse")
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
