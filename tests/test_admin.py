@@ -563,3 +563,23 @@ def test_error_line(fields: dict[str, Any], line: str) -> None:
 def test_format_duration(seconds: float, text: str) -> None:
     assert format_duration(datetime.timedelta(seconds=seconds)) == text
     assert format_duration(None) == "-"
+
+
+def test_list_queries_read_indexes_not_the_whole_table(admin_client: Client) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO axa_queue (id, name, args, status, created_at) "
+            "SELECT gen_random_uuid(), 'tests.testapp.jobs.add', jsonb_build_object('a', i), "
+            "CASE WHEN i % 100 = 0 THEN 'failed' ELSE 'completed' END, now() - i * interval '1 second' "
+            "FROM generate_series(1, 50000) AS i"
+        )
+        cursor.execute("ANALYZE axa_queue")
+
+    def plan(url: str) -> str:
+        cl = admin_client.get(url).context["cl"]
+        return cl.queryset[: cl.list_per_page].explain()
+
+    assert "axa_queue_created" in plan(JOBS)
+    assert "axa_queue_status" in plan(JOBS + "?status__exact=failed")
+    assert "axa_queue_status" in plan(FAILED)
+    assert "Seq Scan" not in plan(JOBS) + plan(FAILED)
