@@ -156,4 +156,4 @@ class Worker(models.Model):
 
 
 # The admin's proxy models must load with the app's models, or migrations would see them vanish.
-from .proxies import FailedJob, QueueDashboard  # noqa: E402, F401
+from . import proxies  # noqa: E402, F401
