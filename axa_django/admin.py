@@ -81,6 +81,14 @@ def format_time(value: datetime.datetime | None) -> SafeString:
     return format_html('<time datetime="{}" title="{}">{}</time>', local.isoformat(), local.isoformat(" "), short)
 
 
+def full_time(value: datetime.datetime | None) -> str:
+    """A timestamp to the millisecond with its zone, for the detail page."""
+    if value is None:
+        return "-"
+    local = timezone.localtime(value)
+    return f"{local:%Y-%m-%d %H:%M:%S}.{local.microsecond // 1000:03d} {local.tzname()}"
+
+
 def error_line(job: Job) -> str:
     """The first line of a job's latest error, preferring the attempt history's "type: message"."""
     message = getattr(job, "last_error_message", None)
@@ -158,6 +166,9 @@ class JobChangeList(ChangeList):
         )
 
 
+TIME_FIELDS = ("created_full", "run_at_full", "started_full", "finished_full", "updated_full", "duration_shown")
+
+
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     """All jobs: list, read-only detail, retry, cancel and delete, each behind its permission."""
@@ -188,7 +199,7 @@ class JobAdmin(admin.ModelAdmin):
     actions = ("retry_selected", "cancel_selected", "delete_selected")
     fieldsets = (
         (None, {"fields": ("id", "name", "status_marker", "queue", "priority", "attempts_shown", "worker_shown")}),
-        ("Times", {"fields": ("created_at", "run_at", "started_at", "finished_at", "updated_at", "duration_shown")}),
+        ("Times", {"fields": TIME_FIELDS}),
         ("Arguments", {"fields": ("args_shown",)}),
         ("Result", {"fields": ("result_shown", "unique_key", "cancel_requested", "backend")}),
     )
@@ -200,12 +211,7 @@ class JobAdmin(admin.ModelAdmin):
         "priority",
         "attempts_shown",
         "worker_shown",
-        "created_at",
-        "run_at",
-        "started_at",
-        "finished_at",
-        "updated_at",
-        "duration_shown",
+        *TIME_FIELDS,
         "args_shown",
         "result_shown",
         "unique_key",
@@ -313,6 +319,26 @@ class JobAdmin(admin.ModelAdmin):
     @admin.display(description="worker")
     def worker_shown(self, job: Job) -> str:
         return str(job.worker_id) if job.worker_id else "-"
+
+    @admin.display(description="created")
+    def created_full(self, job: Job) -> str:
+        return full_time(job.created_at)
+
+    @admin.display(description="run at")
+    def run_at_full(self, job: Job) -> str:
+        return full_time(job.run_at)
+
+    @admin.display(description="started")
+    def started_full(self, job: Job) -> str:
+        return full_time(job.started_at)
+
+    @admin.display(description="finished")
+    def finished_full(self, job: Job) -> str:
+        return full_time(job.finished_at)
+
+    @admin.display(description="updated")
+    def updated_full(self, job: Job) -> str:
+        return full_time(job.updated_at)
 
     @admin.display(description="arguments")
     def args_shown(self, job: Job) -> SafeString:

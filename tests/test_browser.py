@@ -136,6 +136,7 @@ def test_retry_a_failed_job_in_the_browser_and_a_worker_completes_it(
     row.locator("th a").first.click()
     page.wait_for_selector("#axa-retry")
     assert "flaky run 2" in page.locator("#axa-attempts").inner_text()
+    screenshot(page, "failed-job-detail.png")
     page.click("#axa-retry")
     page.wait_for_selector(".messagelist .success")
     assert "queued to run again" in page.locator(".messagelist").inner_text()
