@@ -37,6 +37,7 @@ logger = logging.getLogger("axa_django")
 
 CHANNEL = "axa_queue"
 _RECONNECT_MAX = 5.0
+_COALESCE = 0.0005
 
 
 @dataclass
@@ -72,7 +73,12 @@ def connect(using: str, purpose: str) -> psycopg.Connection[Any]:
     for key in ("cursor_factory", "context", "server_side_binding"):
         params.pop(key, None)
     params.setdefault("application_name", f"axa_django {purpose}")
-    return psycopg.connect(autocommit=True, **params)
+    conn = psycopg.connect(autocommit=True, **params)
+    # Claims and outcomes need not wait for the WAL flush: if PostgreSQL itself
+    # crashes, a lost claim or outcome only means the job runs again, which
+    # at-least-once delivery allows. Enqueues keep the caller's durability.
+    conn.execute("SET synchronous_commit = off")
+    return conn
 
 
 def perform(job: Claimed, worker_id: uuid.UUID | None, resolve: Callable[[Claimed], Any] | None = None) -> Outcome:
@@ -308,25 +314,31 @@ class Worker:
         self._start_threads()
         next_housekeeping = 0.0
         claimed_total = 0
+        backlog = False
         while not self._stopping.is_set():
             now = time.monotonic()
             if now >= next_housekeeping:
                 self._housekeep()
                 next_housekeeping = now + self._housekeeping_interval()
-            busy = len(self._in_flight)
-            idle = self.concurrency - busy
-            if self.max_jobs is not None:
-                if claimed_total >= self.max_jobs and not busy:
-                    break
-                idle = min(idle, self.max_jobs - claimed_total)
+            if self.max_jobs is not None and claimed_total >= self.max_jobs and not self._in_flight:
+                break
+            idle = self._idle(claimed_total)
             if idle <= 0:
-                self._wait(next_housekeeping - time.monotonic())
+                self._wake.clear()
+                if self._idle(claimed_total) <= 0:  # still no room after clearing
+                    self._wait(next_housekeeping - time.monotonic())
                 continue
+            if backlog and idle < self.concurrency:
+                # More rows are waiting and other threads are about to free up:
+                # a moment's pause lets one claim serve several of them.
+                time.sleep(_COALESCE)
+                idle = self._idle(claimed_total)
             self._wake.clear()
             jobs = self._claim(names, idle)
             if jobs is None:  # database trouble: already logged and backed off
                 continue
             claimed_total += len(jobs)
+            backlog = len(jobs) == idle
             for job in jobs:
                 self._work.put(job)
             if len(jobs) < idle:
@@ -338,6 +350,12 @@ class Worker:
                 if not jobs:
                     self._wait(min(self._next_run(names), next_housekeeping - time.monotonic()))
         return self._shutdown()
+
+    def _idle(self, claimed_total: int) -> int:
+        idle = self.concurrency - len(self._in_flight)
+        if self.max_jobs is not None:
+            idle = min(idle, self.max_jobs - claimed_total)
+        return idle
 
     def _housekeeping_interval(self) -> float:
         return max(0.05, self.lease / 3)

@@ -52,7 +52,11 @@ TEMPLATES = [
         },
     }
 ]
-AXA_DJANGO = {"POLL_INTERVAL": 0.2, "LEASE_SECONDS": float(os.environ.get("AXA_TEST_LEASE", "3"))}
+AXA_DJANGO = {
+    "POLL_INTERVAL": 0.2,
+    "LEASE_SECONDS": float(os.environ.get("AXA_TEST_LEASE", "3")),
+    "NOTIFY": os.environ.get("AXA_TEST_NOTIFY", "1") == "1",
+}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -137,6 +137,7 @@ def test_bulk_enqueue_writes_every_row_in_one_statement(django_assert_num_querie
     assert len(created) == 501 and created.skipped == 0
     assert Job.objects.count() == 501
     assert Job.objects.get(pk=created[-1].pk).args == {"a": 1, "b": 2}
+    assert created[0].status == "queued" and created[0].run_at is not None  # deferred, loaded on access
 
 
 def test_bulk_enqueue_rejects_the_whole_batch_naming_the_bad_item():
