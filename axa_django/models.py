@@ -8,6 +8,8 @@ from typing import Any
 from django.db import connections, models
 from django.db.models.functions import Now
 
+from . import sql
+
 
 class JobQuerySet(models.QuerySet["Job"]):
     """Queries over jobs; status changes are guarded on the status they leave."""
@@ -17,8 +19,8 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(status=Job.Status.QUEUED, run_at__lte=Now())
 
     def retry(self) -> int:
-        """Queue failed jobs again to run now; return how many changed."""
-        return self.filter(status=Job.Status.FAILED).update(
+        """Queue failed jobs again to run now, waking idle workers; return how many changed."""
+        changed = self.filter(status=Job.Status.FAILED).update(
             status=Job.Status.QUEUED,
             run_at=Now(),
             started_at=None,
@@ -27,6 +29,11 @@ class JobQuerySet(models.QuerySet["Job"]):
             attempts=0,
             updated_at=Now(),
         )
+        if changed:
+            # The insert trigger does not fire on UPDATE; notify so workers need not wait a poll.
+            with connections[self.db].cursor() as cursor:
+                cursor.execute(sql.WAKE)
+        return changed
 
     def cancel(self) -> int:
         """Cancel queued jobs and ask running ones to stop; return how many changed."""
@@ -108,6 +115,8 @@ class Job(models.Model):
             ),
             models.Index(fields=["worker_id"], name="axa_queue_running", condition=models.Q(status="running")),
             models.Index(fields=["status", "-created_at"], name="axa_queue_status"),
+            # Serves the admin's job list, newest first, without sorting the whole table.
+            models.Index(fields=["-created_at"], name="axa_queue_created"),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -171,3 +180,7 @@ class Schedule(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} (last run {self.last_run:%Y-%m-%d %H:%M:%S%z})"
+
+
+# The admin's proxy models must load with the app's models, or migrations would see them vanish.
+from . import proxies  # noqa: E402, F401
