@@ -126,7 +126,8 @@ def bench_drain(args: argparse.Namespace, results: dict[str, Any], processes: in
         proc.wait(timeout=600)
     wall = time.perf_counter() - start
     done, span = sql(
-        "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at)) FROM axa_queue WHERE status = 'completed'"
+        "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at)) "
+        "FROM axa_queue WHERE status = 'completed'"
     )[0]
     if done != args.drain:
         raise SystemExit(f"benchmark: drained {done} of {args.drain}")
