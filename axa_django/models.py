@@ -113,6 +113,14 @@ class Job(models.Model):
                 name="axa_queue_claim",
                 condition=models.Q(status="queued"),
             ),
+            # Serves the claim of django.tasks rows: per backend alias, best first.
+            models.Index(
+                "backend",
+                models.F("priority").desc(),
+                "run_at",
+                name="axa_queue_claim_task",
+                condition=models.Q(status="queued", backend__isnull=False),
+            ),
             models.Index(fields=["worker_id"], name="axa_queue_running", condition=models.Q(status="running")),
             models.Index(fields=["status", "-created_at"], name="axa_queue_status"),
             # Serves the admin's job list, newest first, without sorting the whole table.

@@ -2,18 +2,31 @@
 
 # Claim up to %(limit)s ready jobs, per name best first, in one statement. The LATERAL
 # walk per name keeps the cost flat however many rows other names have queued.
+# django.tasks rows (backend set) are walked per backend alias instead, any task path:
+# the worker imports their task and refuses anything that is not one (taskrunner.py).
 CLAIM = """
 UPDATE axa_queue q
 SET status = 'running', started_at = now(), updated_at = now(),
     attempts = q.attempts + 1, worker_id = %(worker)s, cancel_requested = false
 FROM (
-    SELECT c.id FROM unnest(%(names)s::text[]) AS n(name)
-    CROSS JOIN LATERAL (
-        SELECT id, priority, run_at FROM axa_queue
-        WHERE status = 'queued' AND name = n.name AND run_at <= now() {queues}
-        ORDER BY priority DESC, run_at
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
+    SELECT c.id FROM (
+        SELECT c.id, c.priority, c.run_at FROM unnest(%(names)s::text[]) AS n(name)
+        CROSS JOIN LATERAL (
+            SELECT id, priority, run_at FROM axa_queue
+            WHERE status = 'queued' AND name = n.name AND backend IS NULL AND run_at <= now() {queues}
+            ORDER BY priority DESC, run_at
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED
+        ) AS c
+        UNION ALL
+        SELECT t.id, t.priority, t.run_at FROM unnest(%(backends)s::text[]) AS b(backend)
+        CROSS JOIN LATERAL (
+            SELECT id, priority, run_at FROM axa_queue
+            WHERE status = 'queued' AND backend = b.backend AND run_at <= now() {queues}
+            ORDER BY priority DESC, run_at
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED
+        ) AS t
     ) AS c
     ORDER BY c.priority DESC, c.run_at
     LIMIT %(limit)s
@@ -26,7 +39,8 @@ CLAIM_QUEUES = "AND queue = ANY(%(queues)s::text[])"
 # Seconds until the earliest future job this worker could run, or NULL.
 NEXT_RUN = """
 SELECT extract(epoch FROM min(run_at) - now()) FROM axa_queue
-WHERE status = 'queued' AND run_at > now() AND name = ANY(%(names)s::text[]) {queues}
+WHERE status = 'queued' AND run_at > now() {queues}
+  AND ((backend IS NULL AND name = ANY(%(names)s::text[])) OR backend = ANY(%(backends)s::text[]))
 """
 
 # Record outcomes; a row is only written while still running under this worker.

@@ -36,7 +36,10 @@ def fill(finished: int, foreign: int) -> None:
 def test_the_claim_uses_the_claim_index_not_a_scan():
     fill(finished=20_000, foreign=5_000)
     jobs.count.perform_later(fail=False)
-    plan = explain(sql.CLAIM.format(queues=""), {"worker": None, "names": ["CountWorker"], "limit": 4, "queues": None})
+    plan = explain(
+        sql.CLAIM.format(queues=""),
+        {"worker": None, "names": ["CountWorker"], "backends": [], "limit": 4, "queues": None},
+    )
     assert "axa_queue_claim" in plan, plan
     assert "Seq Scan on axa_queue" not in plan, plan
 
@@ -44,7 +47,7 @@ def test_the_claim_uses_the_claim_index_not_a_scan():
 def test_the_claim_with_queues_still_uses_the_claim_index():
     fill(finished=20_000, foreign=5_000)
     query = sql.CLAIM.format(queues=sql.CLAIM_QUEUES)
-    plan = explain(query, {"worker": None, "names": ["CountWorker"], "limit": 4, "queues": ["default"]})
+    plan = explain(query, {"worker": None, "names": ["CountWorker"], "backends": [], "limit": 4, "queues": ["default"]})
     assert "axa_queue_claim" in plan and "Seq Scan on axa_queue" not in plan, plan
 
 
