@@ -25,7 +25,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import django
 import psycopg
+from asgiref.sync import async_to_sync
 from django.db import connections
 
 from . import conf, housekeeping, registry, sql
@@ -97,7 +99,10 @@ def perform(job: Claimed, worker_id: uuid.UUID | None, resolve: Callable[[Claime
             args.insert(0, job.context)
         value = function.func(*args, **kwargs)
         if asyncio.iscoroutine(value):
-            value = asyncio.run(run_cancellable(value, job.context))
+            # async_to_sync runs the loop on its own thread and sends the job's
+            # sync_to_async calls back to this job thread (and its connection); under
+            # asyncio.run they would all queue on one process-wide thread instead.
+            value = async_to_sync(run_cancellable)(value, job.context)
         try:
             result = encode(value, f"the return value of job {job.name!r}", 2**31)
         except (TypeError, ValueError) as error:
@@ -105,6 +110,15 @@ def perform(job: Claimed, worker_id: uuid.UUID | None, resolve: Callable[[Claime
     except (Exception, SystemExit) as error:  # noqa: BLE001 - a job's failure is data, not a crash
         return _failure(job, function, error, worker_id)
     return Outcome(job.id, job.name, job.attempt, "completed", result=result)
+
+
+def task_backend_aliases() -> list[str]:
+    """settings.TASKS aliases whose backend is axa_django's QueueBackend (none before Django 6.0)."""
+    if django.VERSION < (6, 0):
+        return []
+    from .backends import queue_backend_aliases
+
+    return queue_backend_aliases()
 
 
 class NoHandler(LookupError):
@@ -236,6 +250,8 @@ class Worker:
         self.max_jobs = max_jobs
         self.queues = sorted(set(queues)) if queues else None
         self.names = sorted(set(names)) if names is not None else None
+        # django.tasks rows are claimed by backend alias; --job names only background jobs.
+        self.backends = task_backend_aliases() if names is None else []
         self.grace_period = grace_period
         self.using = using or conf.get("DATABASE")
         self.install_signals = install_signals
@@ -303,11 +319,12 @@ class Worker:
             return 1
         settings = connections[self.using].settings_dict
         logger.info(
-            "worker %s starting: concurrency %d, %d handlers (%s), queues %s, database %s on %s",
+            "worker %s starting: concurrency %d, %d handlers (%s), task backends %s, queues %s, database %s on %s",
             self.id,
             self.concurrency,
             len(names),
             ", ".join(names) or "none",
+            ", ".join(self.backends) or "none",
             ", ".join(self.queues) if self.queues else "all",
             settings.get("NAME"),
             settings.get("HOST") or "local",
@@ -433,26 +450,28 @@ class Worker:
         housekeeping.run(self)
 
     def _claim(self, names: list[str], limit: int) -> list[Claimed] | None:
-        if not names:
+        if not names and not self.backends:
             return []
         query = sql.CLAIM.format(queues=sql.CLAIM_QUEUES if self.queues else "")
-        rows = self._execute(query, {"worker": self.id, "names": names, "limit": limit, "queues": self.queues})
+        params = {"worker": self.id, "names": names, "backends": self.backends, "limit": limit, "queues": self.queues}
+        rows = self._execute(query, params)
         if rows is None:
             return None
         jobs = [Claimed(*row) for row in rows]
         with self._lock:
             for job in jobs:
-                function = registry.get(job.name)
-                if function is not None and (function.takes_context or function.is_async):
+                function = registry.get(job.name) if job.backend is None else None
+                # A task row may be async; its context lets a cancel reach it.
+                if job.backend is not None or (function is not None and (function.takes_context or function.is_async)):
                     job.context = JobContext(job.id, job.name, job.attempt, self.id)
                 self._in_flight[job.id] = job
         return jobs
 
     def _next_run(self, names: list[str]) -> float:
-        if not names:
+        if not names and not self.backends:
             return self.poll_interval
         query = sql.NEXT_RUN.format(queues=sql.CLAIM_QUEUES if self.queues else "")
-        rows = self._execute(query, {"names": names, "queues": self.queues})
+        rows = self._execute(query, {"names": names, "backends": self.backends, "queues": self.queues})
         if not rows or rows[0][0] is None:
             return self.poll_interval
         return float(rows[0][0])
@@ -474,14 +493,21 @@ class Worker:
     def _job_loop(self) -> None:
         try:
             while (job := self._work.get()) is not None:
-                function = registry.get(job.name)
+                runner, resolve = None, None
+                if job.backend is not None:  # a django.tasks row
+                    from .taskrunner import resolver
+
+                    runner, resolve = resolver(job)
+                function = registry.get(job.name) if runner is None else None
                 job_started.send(sender=function, job_id=job.id, name=job.name, attempt=job.attempt)
-                outcome = perform(job, self.id)
+                outcome = perform(job, self.id, resolve)
                 _tidy_connections()
                 with self._lock:
                     self._unwritten += 1
                 self._outcomes.put(outcome)
                 _send_finished(function, outcome)
+                if runner is not None:
+                    runner.finished(outcome)
                 with self._lock:
                     self._in_flight.pop(job.id, None)
                     self.processed += 1
