@@ -1,0 +1,307 @@
+"""A django.tasks backend (Django >= 6.0) whose tasks are rows of axa_queue, run by runworker.
+
+Configure it as::
+
+    TASKS = {"default": {"BACKEND": "axa_django.backends.QueueBackend",
+                         "QUEUES": ["default"], "OPTIONS": {"MAX_ATTEMPTS": 3}}}
+
+OPTIONS: ``MAX_ATTEMPTS`` (attempts per task, default AXA_DJANGO['MAX_ATTEMPTS']) and
+``BACKOFF`` (seconds between attempts; default: exponential, as for background jobs).
+"""
+
+from __future__ import annotations
+
+import django
+
+if django.VERSION < (6, 0):
+    raise ImportError(
+        f"axa_django.backends needs Django >= 6.0 (django.tasks); this is Django {django.get_version()}. "
+        "On older versions use axa_django.background_job."
+    )
+
+import dataclasses
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from django.apps import apps
+from django.conf import settings
+from django.core import checks
+from django.db import connections
+from django.tasks import Task, TaskResult, TaskResultStatus, task_backends
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.base import TaskError
+from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued
+from django.utils.dateparse import parse_datetime
+from django.utils.json import normalize_json
+from django.utils.module_loading import import_string
+
+# Only light modules at import time: Django may build this backend while apps load
+# (``@task`` in a models module), before axa_django's models can be imported.
+from . import conf
+from .arguments import check_json
+
+if TYPE_CHECKING:
+    from .models import Job
+
+__all__ = ["NotATask", "QueueBackend", "WorkerInterrupted", "WorkerLost", "queue_backend_aliases"]
+
+MAX_NAME_LENGTH = 200  # rows.MAX_NAME_LENGTH; rows imports models, too early here
+
+_OPTIONS = ("MAX_ATTEMPTS", "BACKOFF")
+
+_STATUSES = {
+    "queued": TaskResultStatus.READY,
+    "running": TaskResultStatus.RUNNING,
+    "completed": TaskResultStatus.SUCCESSFUL,
+    "failed": TaskResultStatus.FAILED,
+    # Django has no cancelled state; a cancelled task will not run, so it did not succeed.
+    "cancelled": TaskResultStatus.FAILED,
+}
+
+
+class WorkerLost(Exception):
+    """The worker running the task stopped (no heartbeat); the task was queued again."""
+
+
+class WorkerInterrupted(Exception):
+    """The worker was stopped before the task finished; the task was queued again."""
+
+
+class NotATask(LookupError):
+    """A row's task path does not name a Task of a QueueBackend; the worker will not call it."""
+
+
+# Error entries the worker's SQL writes carry a bare type name; give them importable paths.
+_ENTRY_TYPES = {"WorkerLost": f"{__name__}.WorkerLost", "Interrupted": f"{__name__}.WorkerInterrupted"}
+
+
+class QueueBackend(BaseTaskBackend):
+    """Stores tasks as axa_queue rows in the caller's transaction; ``runworker`` runs them."""
+
+    supports_defer = True
+    supports_priority = True
+    supports_get_result = True
+    supports_async_task = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        # Django builds backends at import time (``@task``): no database access here.
+        super().__init__(alias, params)
+        if not isinstance(self.options, dict):
+            raise InvalidTaskBackend(f"TASKS[{alias!r}]['OPTIONS'] must be a dict, not {type(self.options).__name__}")
+        unknown = sorted(set(self.options) - set(_OPTIONS))
+        if unknown:
+            raise InvalidTaskBackend(
+                f"TASKS[{alias!r}]['OPTIONS'] has unknown key(s) {', '.join(map(repr, unknown))}; "
+                f"known keys: {', '.join(_OPTIONS)}"
+            )
+        attempts = self.options.get("MAX_ATTEMPTS")
+        if attempts is not None and (type(attempts) is not int or attempts < 1):
+            raise InvalidTaskBackend(f"TASKS[{alias!r}]['OPTIONS']['MAX_ATTEMPTS'] must be a positive int")
+        backoff = self.options.get("BACKOFF")
+        if backoff is not None and (isinstance(backoff, bool) or not isinstance(backoff, int | float) or backoff < 0):
+            raise InvalidTaskBackend(f"TASKS[{alias!r}]['OPTIONS']['BACKOFF'] must be a number of seconds >= 0")
+        self.max_attempts: int | None = attempts
+        self.backoff: float | None = None if backoff is None else float(backoff)
+
+    # -- enqueue -----------------------------------------------------------------
+
+    def validate_task(self, task: Task) -> None:
+        """Django's checks, plus a task path short enough to be a job name."""
+        super().validate_task(task)
+        if len(task.module_path) > MAX_NAME_LENGTH:
+            raise InvalidTask(f"Task path is longer than {MAX_NAME_LENGTH} characters: {task.module_path!r}")
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """Write a row in the caller's transaction and return its READY result."""
+        from . import rows
+
+        self.validate_task(task)
+        stored = _arguments(task, args, kwargs)
+        options = rows.Options(
+            queue=task.queue_name,
+            priority=task.priority,
+            run_at=task.run_after,
+            max_attempts=self.max_attempts,
+            backend=self.alias,
+        ).checked()
+        job = rows.write(task.module_path, stored, options, None)
+        result = self._result(job, task)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    # -- results -----------------------------------------------------------------
+
+    def get_result(self, result_id: str) -> TaskResult:
+        """The result of the task row ``result_id``; TaskResultDoesNotExist if there is none."""
+        return self._result(self._row(result_id))
+
+    async def aget_result(self, result_id: str) -> TaskResult:
+        """Async get_result."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self.get_result, thread_sensitive=True)(result_id)
+
+    def _row(self, result_id: Any) -> Job:
+        from .models import Job
+
+        try:
+            key = uuid.UUID(str(result_id))
+        except ValueError:
+            raise TaskResultDoesNotExist(result_id) from None
+        job = Job.objects.using(conf.get("DATABASE")).filter(pk=key, backend=self.alias).first()
+        if job is None:
+            raise TaskResultDoesNotExist(result_id)
+        return job
+
+    def _result(self, job: Job, task: Task | None = None) -> TaskResult:
+        """Map a row to a TaskResult (``task``: the one enqueued, else imported by path)."""
+        if task is None:
+            try:
+                task = _import_task(job.name)
+            except NotATask as error:
+                raise TaskResultDoesNotExist(f"{job.pk}: {error}") from None
+        run_after = job.run_at if job.run_at is not None and job.run_at > job.created_at else None
+        task = _rebuild(task, priority=job.priority, queue_name=job.queue, run_after=run_after, backend=self.alias)
+        stored = job.args if isinstance(job.args, dict) else {}
+        errors = [
+            TaskError(
+                exception_class_path=_ENTRY_TYPES.get(str(entry.get("type")), str(entry.get("type"))),
+                traceback=str(entry.get("traceback") or ""),
+            )
+            for entry in job.errors or []
+            if isinstance(entry, dict)
+        ]
+        if job.status == "cancelled" and not errors:
+            errors.append(TaskError(exception_class_path="axa_django.context.JobCancelled", traceback=""))
+        result = TaskResult(
+            task=task,
+            id=str(job.pk),
+            status=_STATUSES[job.status],
+            enqueued_at=job.created_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            last_attempted_at=job.started_at or _last_attempt(job.errors),
+            args=list(stored.get("args") or []),
+            kwargs=dict(stored.get("kwargs") or {}),
+            backend=self.alias,
+            errors=errors,
+            worker_ids=_worker_ids(job),
+        )
+        if job.status == "completed":
+            object.__setattr__(result, "_return_value", job.result)
+        return result
+
+    # -- checks ------------------------------------------------------------------
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        """Report a missing axa_django app or a queue database that is not PostgreSQL."""
+        messages = list(super().check(**kwargs))
+        if not apps.is_installed("axa_django"):
+            messages.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}] uses {type(self).__name__}, but axa_django is not in INSTALLED_APPS.",
+                    hint="Add 'axa_django' to INSTALLED_APPS and run migrate.",
+                    id="axa_django.E101",
+                )
+            )
+        alias = conf.get("DATABASE")
+        if alias in settings.DATABASES and connections[alias].vendor != "postgresql":
+            messages.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}] stores tasks in database {alias!r}, which uses "
+                    f"{connections[alias].vendor}, not PostgreSQL.",
+                    hint="axa_django needs PostgreSQL; point AXA_DJANGO['DATABASE'] at a PostgreSQL database.",
+                    id="axa_django.E102",
+                )
+            )
+        return messages
+
+
+# -- helpers -----------------------------------------------------------------------
+
+
+def _arguments(task: Task, args: Any, kwargs: Any) -> dict[str, Any]:
+    """The row's args object {"args": [...], "kwargs": {...}}, strict JSON or TypeError/ValueError."""
+    # Django's own rule first (tuples become lists, as TaskResult.args does), then ours:
+    # no NaN, no non-str keys, nothing that would not come back as it went in.
+    stored = {"args": plain_json(list(args)), "kwargs": plain_json(dict(kwargs))}
+    check_json(stored["args"], f"the args of task {task.module_path!r}")
+    check_json(stored["kwargs"], f"the kwargs of task {task.module_path!r}")
+    return stored
+
+
+def plain_json(value: Any) -> Any:
+    """Django's normalize_json, with str/int/float subclasses (enums, choices) made plain as JSON would."""
+    value = normalize_json(value)
+    return _plain(value)
+
+
+def _plain(value: Any) -> Any:
+    kind = type(value)
+    if kind is dict:
+        return {_plain(key): _plain(item) for key, item in value.items()}
+    if kind is list:
+        return [_plain(item) for item in value]
+    if kind in (str, int, float, bool) or value is None:
+        return value
+    for base in (bool, str, int, float):  # bool first: it is an int
+        if isinstance(value, base):
+            return base(value)
+    return value
+
+
+def _rebuild(task: Task, **changes: Any) -> Task:
+    """A copy of ``task`` with ``changes``, without re-validating (the row was valid when written)."""
+    copy = object.__new__(type(task))
+    for item in dataclasses.fields(task):
+        object.__setattr__(copy, item.name, changes.get(item.name, getattr(task, item.name)))
+    return copy
+
+
+def _import_task(path: str) -> Task:
+    """The Task at ``path`` if it belongs to a QueueBackend alias; NotATask otherwise."""
+    try:
+        found = import_string(path)
+    except ImportError as error:
+        raise NotATask(f"cannot import task {path!r}: {error}") from None
+    if not isinstance(found, Task):
+        raise NotATask(
+            f"{path!r} is a {type(found).__module__}.{type(found).__qualname__}, not a django.tasks Task; "
+            "the worker runs only functions decorated with @task"
+        )
+    if found.backend not in queue_backend_aliases():
+        raise NotATask(f"task {path!r} belongs to backend {found.backend!r}, which is not a QueueBackend")
+    return found
+
+
+def queue_backend_aliases() -> list[str]:
+    """Aliases in settings.TASKS whose backend is a QueueBackend (no database access)."""
+    aliases = []
+    for alias, params in task_backends.settings.items():
+        try:
+            backend = import_string(params["BACKEND"])
+        except (ImportError, KeyError, TypeError):
+            continue  # Django's own checks report a broken TASKS entry
+        if isinstance(backend, type) and issubclass(backend, QueueBackend):
+            aliases.append(alias)
+    return sorted(aliases)
+
+
+def _worker_ids(job: Job) -> list[str]:
+    """One worker id per attempt: from each attempt's error entry, else the row's worker."""
+    by_attempt = {entry.get("attempt"): entry.get("worker") for entry in job.errors or [] if isinstance(entry, dict)}
+    ids = []
+    for attempt in range(1, job.attempts + 1):
+        worker = by_attempt.get(attempt)
+        if worker is None and attempt == job.attempts:
+            worker = job.worker_id
+        ids.append("" if worker is None else str(worker))
+    return ids
+
+
+def _last_attempt(errors: Any) -> Any:
+    for entry in reversed(errors or []):
+        if isinstance(entry, dict) and isinstance(entry.get("at"), str):
+            return parse_datetime(entry["at"])
+    return None
