@@ -4,6 +4,8 @@ import os
 import tempfile
 from pathlib import Path
 
+import django
+
 from axa_django.devdb import database
 
 if "DATABASE_URL" not in os.environ:
@@ -63,3 +65,16 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"axa_django": {"handlers": ["console"], "level": os.environ.get("AXA_LOG_LEVEL", "WARNING")}},
 }
+
+if django.VERSION >= (6, 0):
+    # django.tasks exists from Django 6.0; the backend tests skip on older versions.
+    TASKS = {
+        "default": {"BACKEND": "axa_django.backends.QueueBackend", "QUEUES": ["default", "emails"]},
+        "retrying": {
+            "BACKEND": "axa_django.backends.QueueBackend",
+            "QUEUES": ["default"],
+            "OPTIONS": {"MAX_ATTEMPTS": 3, "BACKOFF": 0},
+        },
+        # Not ours: a worker must refuse rows naming its tasks.
+        "dummy": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"},
+    }

@@ -1,0 +1,88 @@
+"""django.tasks tasks for the backend tests (Django >= 6.0); workers import them by path."""
+
+import asyncio
+import os
+import threading
+import time
+from pathlib import Path
+
+from django.tasks import TaskContext, task
+
+
+def _mark(path: str, text: str) -> None:
+    with open(path, "a") as f:
+        f.write(text + "\n")
+
+
+@task
+def add(a: int, b: int = 0) -> int:
+    return a + b
+
+
+@task(queue_name="emails", priority=5)
+def send(token: str, log: str) -> str:
+    _mark(log, token)
+    return token
+
+
+@task
+def record(token: str, log: str) -> str:
+    """Append token to a file so tests can count runs across processes."""
+    _mark(log, f"{token} {os.getpid()}")
+    return token
+
+
+@task
+def fail(message: str) -> None:
+    raise ValueError(message)
+
+
+@task
+def wait_for_file(path: str, timeout: float = 60) -> str:
+    """Run until ``path`` exists, so a test can see the task running."""
+    deadline = time.monotonic() + timeout
+    while not Path(path).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(path)
+        time.sleep(0.01)
+    return "released"
+
+
+@task(takes_context=True)
+def with_context(context: TaskContext) -> dict:
+    result = context.task_result
+    return {"attempt": context.attempt, "id": result.id, "status": result.status, "workers": result.worker_ids}
+
+
+@task(backend="retrying", takes_context=True)
+def flaky(context: TaskContext, succeed_on: int) -> int:
+    """Fails until attempt ``succeed_on``."""
+    if context.attempt < succeed_on:
+        raise RuntimeError(f"attempt {context.attempt} fails")
+    return context.attempt
+
+
+@task
+async def async_add(a: int, b: int) -> dict:
+    await asyncio.sleep(0)
+    return {"sum": a + b, "thread": threading.current_thread().name}
+
+
+@task
+def returns_tuple() -> tuple:
+    return (1, "two")
+
+
+@task
+def returns_set() -> set:
+    return {1, 2}
+
+
+@task(backend="dummy")
+def not_ours() -> str:
+    return "must not run"
+
+
+def plain(path: str) -> None:
+    """Not a task: a worker must never call it."""
+    Path(path).write_text("called")
