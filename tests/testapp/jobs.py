@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -104,6 +105,54 @@ def stoppable(context: JobContext, seconds: float = 120) -> str:
             raise JobCancelled("stopped on request")
         time.sleep(0.01)
     return "finished"
+
+
+def _wait_for_peers(log: str, token: str, peers: int, timeout: float = 30) -> None:
+    """Log ``token``, then block until ``peers`` tokens are logged: only concurrent runs get past."""
+    _mark(log, token)
+    deadline = time.monotonic() + timeout
+    while len(Path(log).read_text().split()) < peers:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{token}: the other jobs never started alongside this one")
+        time.sleep(0.01)
+
+
+@background_job
+async def async_rendezvous(log: str, token: str, peers: int) -> dict:
+    """Waits on its own event loop until ``peers`` jobs are running at once."""
+    _mark(log, token)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while len(Path(log).read_text().split()) < peers:
+        if loop.time() > deadline:
+            raise TimeoutError(f"{token}: the other jobs never started alongside this one")
+        await asyncio.sleep(0.01)
+    return {"loop": id(loop), "thread": threading.current_thread().name}
+
+
+@background_job
+async def async_orm_rendezvous(log: str, token: str, peers: int) -> dict:
+    """Blocking sync code and the ORM through sync_to_async, as the docs recommend."""
+    from asgiref.sync import sync_to_async
+
+    from axa_django.models import Job
+
+    def in_sync() -> dict:
+        _wait_for_peers(log, token, peers)
+        return {
+            "thread": threading.current_thread().name,
+            "jobs": Job.objects.filter(name__endswith="rendezvous").count(),
+        }
+
+    return await sync_to_async(in_sync)()
+
+
+@background_job
+async def async_orm_directly() -> int:
+    """The sync ORM called straight from async code: Django refuses it."""
+    from axa_django.models import Job
+
+    return Job.objects.count()
 
 
 if os.environ.get("AXA_TEST_CRON"):
