@@ -461,6 +461,22 @@ def test_an_async_task_runs_on_the_worker():
     assert done.status == TaskResultStatus.SUCCESSFUL and done.return_value["sum"] == 5
 
 
+def test_async_tasks_run_side_by_side(log_file):
+    results = [tasks.async_rendezvous.enqueue(log_file, f"t{i}", 3) for i in range(3)]
+    burst(concurrency=3)
+    done = [default_task_backend.get_result(result.id) for result in results]
+    assert [result.status for result in done] == [TaskResultStatus.SUCCESSFUL] * 3, [r.errors for r in done]
+    assert sorted(result.return_value for result in done) == ["t0", "t1", "t2"]
+
+
+def test_a_background_job_and_a_task_share_one_worker(log_file):
+    job = jobs.record.perform_later("job", log_file)
+    result = tasks.record.enqueue("task", log_file)
+    assert burst(concurrency=1).processed == 2
+    job.refresh_from_db()
+    assert (job.status, default_task_backend.get_result(result.id).return_value) == ("completed", "task")
+
+
 def test_the_task_claim_uses_its_index_not_a_scan():
     with connection.cursor() as cursor:
         cursor.execute(

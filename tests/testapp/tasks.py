@@ -86,3 +86,16 @@ def not_ours() -> str:
 def plain(path: str) -> None:
     """Not a task: a worker must never call it."""
     Path(path).write_text("called")
+
+
+@task
+async def async_rendezvous(log: str, token: str, peers: int) -> str:
+    """Waits on its own event loop until ``peers`` tasks are running at once."""
+    _mark(log, token)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while len(Path(log).read_text().split()) < peers:
+        if loop.time() > deadline:
+            raise TimeoutError(f"{token}: the other tasks never started alongside this one")
+        await asyncio.sleep(0.01)
+    return token
