@@ -353,6 +353,9 @@ class Worker:
                 # a moment's pause lets one claim serve several of them.
                 time.sleep(_COALESCE)
                 idle = self._idle(claimed_total)
+            # Read before claiming: an outcome written after the claim (a retry
+            # queued again) must get another claim before a burst worker exits.
+            settled = not self._in_flight and not self._unwritten
             self._wake.clear()
             jobs = self._claim(names, idle)
             if jobs is None:  # database trouble: already logged and backed off
@@ -363,7 +366,7 @@ class Worker:
                 self._work.put(job)
             if len(jobs) < idle:
                 if self.burst and not jobs:
-                    if not self._in_flight and not self._unwritten:
+                    if settled:
                         break
                     self._wait(next_housekeeping - time.monotonic())
                     continue

@@ -173,3 +173,16 @@ def test_chaos_kill_a_random_worker_every_second(workers, log_file):
     for proc in live:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
+
+
+def test_an_outcome_reached_while_postgres_is_down_is_written_when_it_returns(workers, log_file):
+    job = jobs.slow.perform_later(2.0, log=log_file, token="x")
+    proc = workers.start("--concurrency", "1", env=workers.env(AXA_LOG_LEVEL="INFO"))
+    wait_for(lambda: lines(log_file), what="job start")
+    restart_postgres()  # the worker's three connections all drop while the job runs
+    wait_for(lambda: count_where(pk=job.pk, status="completed") == 1, timeout=60, what="outcome written")
+    assert lines(log_file) == [f"start x {proc.pid}", f"end x {proc.pid}"]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    output = proc.stdout.read()
+    assert "reconnecting" in output or "cannot write" in output
