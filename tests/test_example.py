@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -207,9 +211,18 @@ def test_demo_reports_a_busy_port(workers):
     assert re.search(r"worker \S+ stopped after", result.stdout + result.stderr)
 
 
-def test_demo_on_a_bare_machine_starts_and_stops_its_own_database(workers, tmp_path):
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    # Not pytest's tmp_path: pytest sessions running beside this one chmod its shared
+    # root back to 0700, which locks out the embedded server's own (non-root) user.
+    path = Path(tempfile.mkdtemp(prefix="axa-example-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_demo_on_a_bare_machine_starts_and_stops_its_own_database(workers, data_dir):
     """No DATABASE_URL: the example starts an embedded PostgreSQL in its data folder, then stops it."""
-    env = example_env(workers, EXAMPLE_DATA_DIR=str(tmp_path / "data"))
+    env = example_env(workers, EXAMPLE_DATA_DIR=str(data_dir))
     del env["DATABASE_URL"]
     result = manage("demo", "--burst", "--jobs", "20", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -217,7 +230,7 @@ def test_demo_on_a_bare_machine_starts_and_stops_its_own_database(workers, tmp_p
     assert match, result.stdout
     assert int(match.group(1)) == 20
     assert int(match.group(2)) + int(match.group(3)) == 20
-    pgdata = tmp_path / "data" / "pg"
+    pgdata = data_dir / "pg"
     assert (pgdata / "PG_VERSION").exists()
     assert not (pgdata / "postmaster.pid").exists(), "the embedded server is still running"
 
