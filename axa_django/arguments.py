@@ -61,7 +61,7 @@ def encode(value: Any, where: str, limit: int) -> str:
     size = len(text.encode())
     if size > limit:
         raise ValueError(
-            f"{where} encodes to {size} bytes, over the limit of {limit} "
+            f"{where}: {size} bytes as JSON, over the limit of {limit} "
             "(AXA_DJANGO['MAX_ARGS_BYTES']); store large data elsewhere and pass its key."
         )
     return text

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -24,3 +27,24 @@ class JobContext:
     def cancel(self) -> None:
         """Mark this job as asked to stop; the worker calls this when it sees the request."""
         self._cancelled.set()
+
+
+class JobCancelled(Exception):
+    """Raise from a job to end it as ``cancelled``; an async job stopped by ``cancel()`` ends with it."""
+
+
+async def run_cancellable(coro: Coroutine[Any, Any, Any], context: JobContext | None, poll: float = 0.05) -> Any:
+    """Await ``coro``; once ``context`` is cancelled, cancel it (CancelledError inside the job)."""
+    if context is None:
+        return await coro
+    task = asyncio.ensure_future(coro)
+    while not task.done():
+        # Polling the thread-safe flag: cheap, and needs no loop of the worker's own.
+        await asyncio.wait({task}, timeout=poll)
+        if context.is_cancelled() and not task.done():
+            task.cancel()
+            try:
+                return await task  # the job may catch CancelledError and still return
+            except asyncio.CancelledError:
+                raise JobCancelled("the job was cancelled while running (job.cancel())") from None
+    return task.result()

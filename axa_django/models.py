@@ -5,8 +5,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.db import models
+from django.db import connections, models
 from django.db.models.functions import Now
+
+from . import sql
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -17,8 +19,8 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(status=Job.Status.QUEUED, run_at__lte=Now())
 
     def retry(self) -> int:
-        """Queue failed jobs again to run now; return how many changed."""
-        return self.filter(status=Job.Status.FAILED).update(
+        """Queue failed jobs again to run now, waking idle workers; return how many changed."""
+        changed = self.filter(status=Job.Status.FAILED).update(
             status=Job.Status.QUEUED,
             run_at=Now(),
             started_at=None,
@@ -27,15 +29,33 @@ class JobQuerySet(models.QuerySet["Job"]):
             attempts=0,
             updated_at=Now(),
         )
+        if changed:
+            # The insert trigger does not fire on UPDATE; notify so workers need not wait a poll.
+            with connections[self.db].cursor() as cursor:
+                cursor.execute(sql.WAKE)
+        return changed
 
     def cancel(self) -> int:
         """Cancel queued jobs and ask running ones to stop; return how many changed."""
         queued = self.filter(status=Job.Status.QUEUED).update(
             status=Job.Status.CANCELLED, finished_at=Now(), updated_at=Now()
         )
-        running = self.filter(status=Job.Status.RUNNING, cancel_requested=False).update(
-            cancel_requested=True, updated_at=Now()
+        # Flag running jobs and NOTIFY their workers in one statement; the worker's
+        # heartbeat relays the flag too, for workers that do not listen.
+        subquery, params = (
+            self.filter(status=Job.Status.RUNNING, cancel_requested=False)
+            .order_by()
+            .values("id")
+            .query.sql_with_params()
         )
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(
+                "WITH flagged AS (UPDATE axa_queue SET cancel_requested = true, updated_at = now() "
+                f"WHERE id IN ({subquery}) AND status = 'running' AND NOT cancel_requested RETURNING id) "
+                "SELECT pg_notify('axa_cancel', id::text) FROM flagged",
+                params,
+            )
+            running = len(cursor.fetchall())
         return queued + running
 
 
@@ -95,6 +115,8 @@ class Job(models.Model):
             ),
             models.Index(fields=["worker_id"], name="axa_queue_running", condition=models.Q(status="running")),
             models.Index(fields=["status", "-created_at"], name="axa_queue_status"),
+            # Serves the admin's job list, newest first, without sorting the whole table.
+            models.Index(fields=["-created_at"], name="axa_queue_created"),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -144,3 +166,21 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return f"{self.hostname}:{self.pid}"
+
+
+class Schedule(models.Model):
+    """The last enqueued occurrence of a periodic job; workers advance it with compare-and-set."""
+
+    name = models.TextField(primary_key=True)
+    last_run = models.DateTimeField()
+
+    class Meta:
+        db_table = "axa_schedule"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} (last run {self.last_run:%Y-%m-%d %H:%M:%S%z})"
+
+
+# The admin's proxy models must load with the app's models, or migrations would see them vanish.
+from . import proxies  # noqa: E402, F401

@@ -147,34 +147,46 @@ class BulkResult(list[Job]):
     skipped: int = 0
 
 
+_BULK_FIELDS = ["id", "name", "args", "status", "queue", "priority", "max_attempts", "unique_key", "backend"]
+_UNNEST = (
+    "SELECT id, name, args, queue, priority, GREATEST(COALESCE(run_at, now()), now()), max_attempts, "
+    "unique_key, backend FROM unnest(%s::uuid[], %s::text[], %s::jsonb[], %s::text[], %s::int[], "
+    "%s::timestamptz[], %s::int[], %s::text[], %s::text[]) "
+    "AS v(id, name, args, queue, priority, run_at, max_attempts, unique_key, backend)"
+)
+
+
 def write_many(
     items: Iterable[tuple[str, dict[str, Any], Options]], sender: JobFunction[Any, Any] | None
 ) -> BulkResult:
     """Insert many rows in one statement; validate every item before writing any."""
     using = conf.get("DATABASE")
-    params: list[Any] = []
-    count = 0
+    columns: list[list[Any]] = [[] for _ in range(9)]
+    arguments: list[dict[str, Any]] = []
     for index, (name, args, options) in enumerate(items):
         try:
-            params.extend(_params(name, args, options))
+            row = _params(name, args, options)
         except (TypeError, ValueError) as error:
             raise type(error)(f"item {index}: {error}") from None
-        count += 1
+        for column, value in zip(columns, row, strict=True):
+            column.append(value)
+        arguments.append(args)
     result = BulkResult()
-    if not count:
+    if not arguments:
         return result
-    # Stay under PostgreSQL's 65,535 parameters per statement.
-    width = _VALUES.count("%s")
-    chunk = 65535 // width
+    # One array per column: the statement's size does not grow with the batch.
     with connections[using].cursor() as cursor:
-        for start in range(0, count, chunk):
-            part = params[start * width : (start + min(chunk, count - start)) * width]
-            values = ",".join([_VALUES] * (len(part) // width))
-            cursor.execute(
-                f"INSERT INTO axa_queue ({_COLUMNS}) VALUES {values} {_ON_UNIQUE} RETURNING {_RETURNING}", part
-            )
-            result.extend(_build(row, using) for row in cursor.fetchall())
-    result.skipped = count - len(result)
+        cursor.execute(f"INSERT INTO axa_queue ({_COLUMNS}) {_UNNEST} {_ON_UNIQUE} RETURNING id", columns)
+        written = {row[0] for row in cursor.fetchall()}
+    # Build the jobs from what was sent; the columns the database filled in
+    # (times, status defaults) are deferred and load on first access.
+    ids, names, _, queues, priorities, _, max_attempts, unique_keys, backends = columns
+    for index, job_id in enumerate(ids):
+        if job_id in written:
+            values = [job_id, names[index], arguments[index], "queued", queues[index], priorities[index]]
+            values += [max_attempts[index], unique_keys[index], backends[index]]
+            result.append(Job.from_db(using, _BULK_FIELDS, values))
+    result.skipped = len(ids) - len(result)
     for job in result:
         job_enqueued.send(sender=sender, job=job)
     return result

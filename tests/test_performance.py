@@ -1,0 +1,125 @@
+"""What keeps the queue fast, checked for behaviour (figures live in benchmarks/)."""
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+
+from axa_django import Job, sql
+from axa_django.worker import connect
+from tests.conftest import wait_for
+from tests.testapp import jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def explain(query: str, params: dict) -> str:
+    with connect("default", "test") as conn:
+        conn.execute("ANALYZE axa_queue")
+        rows = conn.execute(psycopg.sql.SQL("EXPLAIN ") + psycopg.sql.SQL(query), params).fetchall()
+    return "\n".join(row[0] for row in rows)
+
+
+def fill(finished: int, foreign: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO axa_queue (id, name, args, status) SELECT gen_random_uuid(), 'CountWorker', '{}', "
+            "'completed' FROM generate_series(1, %s)",
+            [finished],
+        )
+        cursor.execute(
+            "INSERT INTO axa_queue (id, name, args) SELECT gen_random_uuid(), 'other.Job', '{}' "
+            "FROM generate_series(1, %s)",
+            [foreign],
+        )
+
+
+def test_the_claim_uses_the_claim_index_not_a_scan():
+    fill(finished=20_000, foreign=5_000)
+    jobs.count.perform_later(fail=False)
+    plan = explain(sql.CLAIM.format(queues=""), {"worker": None, "names": ["CountWorker"], "limit": 4, "queues": None})
+    assert "axa_queue_claim" in plan, plan
+    assert "Seq Scan on axa_queue" not in plan, plan
+
+
+def test_the_claim_with_queues_still_uses_the_claim_index():
+    fill(finished=20_000, foreign=5_000)
+    query = sql.CLAIM.format(queues=sql.CLAIM_QUEUES)
+    plan = explain(query, {"worker": None, "names": ["CountWorker"], "limit": 4, "queues": ["default"]})
+    assert "axa_queue_claim" in plan and "Seq Scan on axa_queue" not in plan, plan
+
+
+def test_the_seeds_ready_index_serves_the_oldest_ready_job():
+    fill(finished=20_000, foreign=5_000)
+    plan = explain("SELECT id FROM axa_queue WHERE status = 'queued' AND run_at <= now() ORDER BY run_at LIMIT 1", {})
+    assert "axa_queue_ready" in plan, plan
+
+
+def listen() -> psycopg.Connection:
+    conn = connect("default", "test listener")
+    conn.execute("LISTEN axa_queue")
+    return conn
+
+
+def notifications(conn: psycopg.Connection, timeout: float) -> int:
+    return sum(1 for _ in conn.notifies(timeout=timeout))
+
+
+def test_a_committed_enqueue_notifies_once_per_statement_and_a_rollback_not_at_all():
+    with listen() as conn:
+        jobs.add.perform_later_many([{"a": i} for i in range(50)])
+        assert notifications(conn, 1.0) == 1
+        with pytest.raises(RuntimeError), transaction.atomic():
+            jobs.add.perform_later(1)
+            raise RuntimeError
+        assert notifications(conn, 0.5) == 0
+        with connection.cursor() as cursor:  # any producer: the seed's plain INSERT
+            cursor.execute("INSERT INTO axa_queue (id, name, args) VALUES (gen_random_uuid(), 'CountWorker', '{}')")
+        assert notifications(conn, 1.0) == 1
+
+
+def test_an_idle_worker_is_woken_by_notify_long_before_its_poll(workers):
+    proc = workers.start("--poll-interval", "60")
+    wait_for(lambda: Job.objects.model._meta.apps.get_model("axa_django", "Worker").objects.exists(), what="worker")
+    job = jobs.add.perform_later(1)
+    wait_for(lambda: Job.objects.get(pk=job.pk).status == "completed", timeout=20, what="pickup via NOTIFY")
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0
+
+
+def test_without_notify_the_worker_polls(workers):
+    proc = workers.start("--poll-interval", "0.2", env=workers.env(AXA_TEST_NOTIFY="0"))
+    job = jobs.add.perform_later(1)
+    wait_for(lambda: Job.objects.get(pk=job.pk).status == "completed", timeout=20, what="pickup by polling")
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0
+
+
+def test_a_delayed_job_runs_when_due_not_at_the_next_poll(workers):
+    import datetime
+
+    proc = workers.start("--poll-interval", "60")
+    job = jobs.add.using(delay=datetime.timedelta(seconds=1)).perform_later(1)
+    assert Job.objects.get(pk=job.pk).run_at > Job.objects.get(pk=job.pk).created_at
+    wait_for(lambda: Job.objects.get(pk=job.pk).status == "completed", timeout=20, what="delayed job")
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0
+
+
+def test_a_worker_process_holds_three_connections_plus_those_its_jobs_use(workers):
+    proc = workers.start("--concurrency", "8")
+    no_notify = workers.start("--concurrency", "8", env=workers.env(AXA_TEST_NOTIFY="0"))
+
+    def names():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT application_name FROM pg_stat_activity WHERE application_name LIKE %s "
+                "AND datname = current_database()",
+                ["axa_django %"],
+            )
+            return sorted(row[0] for row in cursor.fetchall())
+
+    wait_for(lambda: len(names()) == 5, what="worker connections")
+    assert names() == ["axa_django dispatcher"] * 2 + ["axa_django finisher"] * 2 + ["axa_django listener"]
+    for p in (proc, no_notify):
+        p.terminate()
+        assert p.wait(timeout=30) == 0

@@ -1,0 +1,209 @@
+"""Pruning finished jobs: durations, filters, batches, RETENTION, and 200,000 rows beside a busy worker."""
+
+from __future__ import annotations
+
+import datetime
+import subprocess
+import sys
+import threading
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection, connections, transaction
+
+from axa_django import Job, housekeeping, pruning
+from tests.conftest import ROOT, Workers, wait_for
+from tests.testapp import jobs
+
+NAME = "tests.testapp.jobs.add"
+
+
+def insert_rows(count: int, status: str = "completed", age: str = "30 days", run_at: str = "now()") -> None:
+    """Bulk-insert ``count`` rows of ``status`` created and last changed ``age`` ago."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO axa_queue (id, name, args, status, created_at, updated_at, finished_at, run_at) "
+            "SELECT gen_random_uuid(), %s, '{\"a\": 1}'::jsonb, %s, now() - %s::interval, now() - %s::interval, "
+            f"CASE WHEN %s IN ('completed', 'failed', 'cancelled') THEN now() - %s::interval END, {run_at} "
+            "FROM generate_series(1, %s)",
+            [NAME, status, age, age, status, age, count],
+        )
+
+
+def by_status() -> dict[str, int]:
+    return {s: Job.objects.filter(status=s).count() for s in Job.Status.values if Job.objects.filter(status=s).exists()}
+
+
+def test_parse_duration() -> None:
+    assert pruning.parse_duration("30s") == datetime.timedelta(seconds=30)
+    assert pruning.parse_duration("15m") == datetime.timedelta(minutes=15)
+    assert pruning.parse_duration("12h") == datetime.timedelta(hours=12)
+    assert pruning.parse_duration("7d") == datetime.timedelta(days=7)
+    assert pruning.parse_duration("2w") == datetime.timedelta(days=14)
+    for text in ("30s", "15m", "12h", "7d", "90m"):
+        assert pruning.format_duration(pruning.parse_duration(text)) == text
+    for bad in ("7", "7x", "-1d", "0s", "1.5h", "d", "", "7 days"):
+        with pytest.raises(ValueError, match="expected a positive duration such as 30s"):
+            pruning.parse_duration(bad)
+
+
+@pytest.mark.django_db
+def test_prunejobs_rejects_bad_options_clearly() -> None:
+    with pytest.raises(CommandError, match=r"--older-than.*expected a positive duration such as 30s, 15m"):
+        call_command("prunejobs", "--older-than", "7 days")
+    with pytest.raises(CommandError, match=r"--status.*invalid choice: 'queued'"):
+        call_command("prunejobs", "--older-than", "7d", "--status", "queued")
+    with pytest.raises(CommandError, match="the following arguments are required: --older-than"):
+        call_command("prunejobs")
+
+
+@pytest.mark.django_db
+def test_dry_run_counts_and_deletes_nothing() -> None:
+    insert_rows(5, "completed")
+    insert_rows(3, "failed")
+    insert_rows(2, "completed", age="1 day")
+    out = StringIO()
+    call_command("prunejobs", "--older-than", "7d", "--dry-run", stdout=out)
+    assert out.getvalue() == "would delete 8 cancelled/completed/failed jobs older than 7d\n"
+    assert Job.objects.count() == 10
+
+
+@pytest.mark.django_db(transaction=True)
+def test_status_filter_and_age_and_unfinished_jobs_are_kept() -> None:
+    insert_rows(5, "completed")
+    insert_rows(4, "failed")
+    insert_rows(3, "cancelled")
+    insert_rows(2, "failed", age="1 hour")
+    insert_rows(2, "queued", run_at="now() + interval '1 day'")
+    insert_rows(1, "running")
+
+    out = StringIO()
+    call_command("prunejobs", "--older-than", "2h", "--status", "failed", "--status", "cancelled", stdout=out)
+    assert out.getvalue().splitlines()[-1] == "deleted 7 cancelled/failed jobs older than 2h"
+    assert by_status() == {"queued": 2, "running": 1, "completed": 5, "failed": 2}
+
+    call_command("prunejobs", "--older-than", "15m", stdout=StringIO())
+    assert by_status() == {"queued": 2, "running": 1}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prunejobs_deletes_in_batches_and_prints_progress(workers: Workers) -> None:
+    insert_rows(250)
+    done = workers.manage("prunejobs", "--older-than", "7d", "--batch-size", "100")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "deleted 100 (total 100)",
+        "deleted 100 (total 200)",
+        "deleted 50 (total 250)",
+        "deleted 250 cancelled/completed/failed jobs older than 7d",
+    ]
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_prune_refuses_to_run_in_one_transaction() -> None:
+    # pytest-django wraps this test in a transaction, as a caller's atomic() would.
+    with pytest.raises(RuntimeError, match="one transaction per batch"):
+        pruning.prune(datetime.timedelta(days=7))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prune_200000_rows_while_a_worker_drains(workers: Workers) -> None:
+    insert_rows(200_000)
+    workers.start("--concurrency", "4")
+    drained = jobs.add.perform_later_many([{"a": i, "b": 1} for i in range(1000)])
+    # Every fifth batch, the pruner waits for the worker to run a job enqueued right then:
+    # the prune cannot finish unless the worker keeps going while it runs.
+    probes: list[Job] = []
+
+    def progress(deleted: int, total: int) -> None:
+        if len(probes) < 8 and total % 25_000 == 0 and deleted:
+            probe = jobs.add.perform_later(total, b=0)
+            probes.append(probe)
+            wait_for(lambda: Job.objects.get(pk=probe.pk).status == "completed", what=f"a job at {total} pruned")
+
+    deleted = pruning.prune(datetime.timedelta(days=7), progress=progress)
+
+    assert deleted == 200_000
+    assert len(probes) == 8
+    week_ago = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=7)
+    assert Job.objects.filter(created_at__lt=week_ago).count() == 0
+    wait_for(
+        lambda: Job.objects.filter(id__in=[j.id for j in drained], status="completed").count() == 1000,
+        what="the worker drained its 1000 jobs",
+    )
+    assert Job.objects.count() == 1000 + len(probes)
+    assert Job.objects.get(pk=probes[-1].pk).result == probes[-1].args["a"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_open_prune_batch_does_not_block_the_worker(workers: Workers) -> None:
+    insert_rows(20_000)
+    workers.start("--concurrency", "2")
+    in_batch = threading.Event()
+    release = threading.Event()
+    deleted: list[int] = []
+
+    def hold_a_batch() -> None:
+        try:
+            with transaction.atomic():
+                deleted.append(pruning.prune_batch(datetime.timedelta(days=7)))
+                in_batch.set()
+                release.wait(timeout=60)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=hold_a_batch)
+    thread.start()
+    try:
+        assert in_batch.wait(timeout=60)
+        job = jobs.add.perform_later(4, b=5)
+        done = wait_for(lambda: (j := Job.objects.get(pk=job.pk)).status == "completed" and j, what="the job done")
+        assert done.result == 9
+        assert Job.objects.filter(status="completed").count() == 20_001  # the batch is not committed yet
+    finally:
+        release.set()
+        thread.join(timeout=60)
+    assert deleted == [pruning.BATCH_SIZE]
+    assert Job.objects.filter(status="completed").count() == 20_001 - pruning.BATCH_SIZE
+
+
+@pytest.mark.django_db(transaction=True)
+def test_workers_prune_one_batch_per_housekeeping_with_retention(settings: Any) -> None:
+    settings.AXA_DJANGO = {**settings.AXA_DJANGO, "RETENTION": 3600}
+    insert_rows(housekeeping.RETENTION_BATCH + 10, "completed", age="2 hours")
+    insert_rows(3, "completed", age="10 minutes")
+    insert_rows(2, "queued", age="2 hours", run_at="now() + interval '1 day'")
+    from axa_django.worker import Worker
+
+    # A burst worker with nothing to run housekeeps exactly once.
+    assert Worker(burst=True, install_signals=False).run() == 0
+
+    assert by_status() == {"completed": 10 + 3, "queued": 2}
+    assert Worker(burst=True, install_signals=False).run() == 0
+    assert by_status() == {"completed": 3, "queued": 2}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_workers_do_not_prune_without_retention() -> None:
+    insert_rows(10, "completed", age="400 days")
+    from axa_django.worker import Worker
+
+    assert Worker(burst=True, install_signals=False).run() == 0
+    assert Job.objects.count() == 10
+
+
+def test_prunejobs_help_runs() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "prunejobs", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=Workers().env(),
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--older-than" in done.stdout and "--dry-run" in done.stdout

@@ -1,0 +1,188 @@
+"""Leases, guarded finish, hard shutdown, database outages and chaos, with real processes."""
+
+import random
+import signal
+import time
+import uuid
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+from django.db import OperationalError, connections
+
+from axa_django import Job, conf
+from axa_django.worker import Outcome, connect, finish
+from tests.conftest import restart_postgres, wait_for
+from tests.testapp import jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def lease() -> float:
+    return float(conf.get("LEASE_SECONDS"))
+
+
+def lines(path: str) -> list[str]:
+    return Path(path).read_text().splitlines()
+
+
+def fresh(job: Job) -> Job:
+    return Job.objects.get(pk=job.pk)
+
+
+def count_where(**filters) -> int:
+    """Count rows, riding out a database that is restarting."""
+    try:
+        return Job.objects.filter(**filters).count()
+    except OperationalError:
+        connections.close_all()
+        return -1
+
+
+def test_a_killed_workers_job_runs_again_elsewhere_within_two_leases(workers, log_file):
+    job = jobs.slow.perform_later(60, log=log_file, token="long")
+    first = workers.start("--concurrency", "1")
+    wait_for(lambda: any(line.startswith("start long") for line in lines(log_file)), what="first run")
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    killed_at = time.monotonic()
+    second = workers.start("--concurrency", "1")
+    wait_for(
+        lambda: len([x for x in lines(log_file) if x.startswith("start long")]) == 2,
+        timeout=2 * lease() + 10,
+        what="rerun",
+    )
+    recovered = time.monotonic() - killed_at
+    print(f"job back to running after {recovered:.2f}s (lease {lease()}s)")
+    row = fresh(job)
+    assert row.status == "running" and row.attempts == 2
+    assert row.errors[0]["type"] == "WorkerLost"
+    assert str(second.pid) in lines(log_file)[1]
+
+
+def test_a_job_running_three_leases_with_its_worker_alive_runs_once(workers, log_file):
+    job = jobs.slow.perform_later(3 * lease(), log=log_file, token="long")
+    procs = [workers.start("--concurrency", "1"), workers.start("--concurrency", "1")]
+    wait_for(lambda: fresh(job).status == "completed", timeout=3 * lease() + 30, what="long job to finish")
+    assert [line.split()[0] for line in lines(log_file)] == ["start", "end"]
+    assert fresh(job).attempts == 1
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
+def test_an_old_workers_outcome_cannot_overwrite_a_reclaimed_job():
+    job = jobs.add.perform_later(1)
+    old, new = uuid.uuid4(), uuid.uuid4()
+    Job.objects.filter(pk=job.pk).update(status="running", worker_id=new)
+    with connect("default", "test") as conn, conn.cursor() as cursor:
+        written = finish(cursor, [Outcome(job.pk, job.name, 1, "failed", error="late")], old)
+        assert written == set()
+        assert finish(cursor, [Outcome(job.pk, job.name, 1, "completed", result="1")], new) == {job.pk}
+    row = fresh(job)
+    assert (row.status, row.result, row.error) == ("completed", 1, None)
+
+
+def test_a_second_signal_gives_running_jobs_back_at_once_and_exits_non_zero(workers, log_file):
+    job = jobs.slow.perform_later(60, log=log_file, token="x")
+    proc = workers.start("--concurrency", "2")
+    wait_for(lambda: lines(log_file), what="job start")
+    proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: Job.objects.filter(pk=job.pk, status="running").exists(), what="still running after one signal")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 1
+    row = fresh(job)
+    assert (row.status, row.worker_id, row.started_at) == ("queued", None, None)
+    assert row.errors[-1]["type"] == "Interrupted"
+
+
+def test_the_grace_period_running_out_requeues_and_exits_non_zero(workers, log_file):
+    job = jobs.slow.perform_later(60, log=log_file, token="x")
+    done = jobs.add.perform_later(1)
+    proc = workers.start("--concurrency", "2", "--grace-period", "0.5")
+    wait_for(lambda: lines(log_file) and fresh(done).status == "completed", what="jobs to start")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 1
+    assert "grace period over" in proc.stdout.read()
+    assert fresh(job).status == "queued"
+
+
+def test_a_dead_workers_row_is_removed_and_a_live_one_kept(workers):
+    proc = workers.start("--concurrency", "1")
+    from axa_django.models import Worker as WorkerRow
+
+    wait_for(lambda: WorkerRow.objects.filter(pid=proc.pid).exists(), what="worker row")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    live = workers.start("--concurrency", "1")
+    wait_for(
+        lambda: not WorkerRow.objects.filter(pid=proc.pid).exists(), timeout=2 * lease() + 10, what="dead row gone"
+    )
+    assert WorkerRow.objects.filter(pid=live.pid).exists()
+
+
+def test_workers_ride_out_a_postgres_restart_mid_drain(workers, log_file):
+    total = 5000
+    jobs.trace.perform_later_many([{"token": str(i), "log": log_file, "seconds": 0.002} for i in range(total)])
+    procs = [workers.start("--concurrency", "4") for _ in range(3)]
+    wait_for(lambda: count_where(status="completed") >= total // 5, timeout=120, what="a fifth done")
+    restarted_at = time.monotonic()
+    restart_postgres()
+    wait_for(lambda: count_where(status="completed") == total, timeout=240, what="every job completed")
+    print(f"drained {total} jobs; all done {time.monotonic() - restarted_at:.1f}s after the restart")
+    runs = Counter(line.split()[0] for line in lines(log_file))
+    assert set(runs) == {str(i) for i in range(total)}
+    print(f"jobs run more than once: {sum(1 for n in runs.values() if n > 1)}")
+    for proc in procs:
+        assert proc.poll() is None, "a worker died in the outage"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+
+
+def test_chaos_kill_a_random_worker_every_second(workers, log_file):
+    total, concurrency = 5000, "4"
+    jobs.trace.perform_later_many([{"token": str(i), "log": log_file, "seconds": 0.02} for i in range(total)])
+    live = [workers.start("--concurrency", concurrency) for _ in range(3)]
+    killed: set[int] = set()
+    rng = random.Random(7)
+    start = time.monotonic()
+    for second in range(10):
+        deadline = start + second + 1
+        wait_for(lambda d=deadline: time.monotonic() >= d, what="next second")
+        victim = live.pop(rng.randrange(len(live)))
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=30)
+        killed.add(victim.pid)
+        live.append(workers.start("--concurrency", concurrency))
+    wait_for(lambda: Job.objects.filter(status="completed").count() == total, timeout=300, what="all completed")
+    elapsed = time.monotonic() - start
+    runs: dict[str, list[str]] = defaultdict(list)
+    for line in lines(log_file):
+        token, pid = line.split()
+        runs[token].append(pid)
+    assert set(runs) == {str(i) for i in range(total)}, "a job was lost"
+    repeated = {token: pids for token, pids in runs.items() if len(pids) > 1}
+    # A job runs again only when an earlier run's worker was killed.
+    for token, pids in repeated.items():
+        assert all(int(pid) in killed for pid in pids[:-1]), (token, pids)
+    rescued = Job.objects.filter(attempts__gt=1).count()
+    print(
+        f"chaos: {total} jobs, {len(killed)} kills, {rescued} jobs started again after a kill, "
+        f"{len(repeated)} ran to the end twice, all done in {elapsed:.1f}s"
+    )
+    for proc in live:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+
+
+def test_an_outcome_reached_while_postgres_is_down_is_written_when_it_returns(workers, log_file):
+    job = jobs.slow.perform_later(2.0, log=log_file, token="x")
+    proc = workers.start("--concurrency", "1", env=workers.env(AXA_LOG_LEVEL="INFO"))
+    wait_for(lambda: lines(log_file), what="job start")
+    restart_postgres()  # the worker's three connections all drop while the job runs
+    wait_for(lambda: count_where(pk=job.pk, status="completed") == 1, timeout=60, what="outcome written")
+    assert lines(log_file) == [f"start x {proc.pid}", f"end x {proc.pid}"]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    output = proc.stdout.read()
+    assert "reconnecting" in output or "cannot write" in output

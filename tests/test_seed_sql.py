@@ -1,0 +1,125 @@
+"""The Rust crate's four statements, verbatim, against the migrated table."""
+
+import re
+import uuid
+
+import pytest
+from django.db import connection
+
+from axa_django import Job
+from axa_django.worker import connect
+from tests.conftest import ROOT
+
+# The wire contract with axa's queue module (shared/seed/axa_queue.rs), byte for byte.
+ENQUEUE = "INSERT INTO axa_queue (id, name, args) VALUES ($1, $2, $3)"
+CLAIM = """UPDATE axa_queue
+    SET status = 'running', started_at = now(), updated_at = now()
+    WHERE id = (
+        SELECT id FROM axa_queue
+        WHERE status = 'queued' AND run_at <= now() AND name = ANY($1)
+        ORDER BY run_at
+        FOR UPDATE SKIP LOCKED
+        LIMIT 1
+    )
+    RETURNING id, name, args"""
+FINISH = "UPDATE axa_queue SET status = $2, error = $3, updated_at = now() WHERE id = $1"
+REQUEUE_STALE = """UPDATE axa_queue
+    SET status = 'queued', started_at = NULL, updated_at = now()
+    WHERE status = 'running' AND started_at < now() - make_interval(mins => $1)"""
+
+SEED = ROOT.parent / "shared" / "seed" / "axa_queue.rs"
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def seed_statement(source: str, name: str) -> str:
+    match = re.search(rf'const {name}: &str =\s*"(.*?)";', source, re.S)
+    assert match, name
+    return match.group(1)
+
+
+@pytest.mark.skipif(not SEED.exists(), reason="shared/seed/axa_queue.rs is not beside this checkout")
+def test_statements_here_are_the_seeds_verbatim():
+    source = SEED.read_text()
+    for name, text in [("ENQUEUE", ENQUEUE), ("CLAIM", CLAIM), ("FINISH", FINISH), ("REQUEUE_STALE", REQUEUE_STALE)]:
+        assert seed_statement(source, name) == text, name
+
+
+def run(sql: str, *params: str | None) -> list[tuple]:
+    """Execute with libpq's own $n parameters, as sqlx does."""
+    with connect("default", "seed test") as conn:
+        result = conn.pgconn.exec_params(sql.encode(), [None if p is None else p.encode() for p in params])
+        assert result.status in (1, 2), result.error_message.decode()  # COMMAND_OK or TUPLES_OK
+        return [
+            tuple(
+                None if result.get_value(r, c) is None else result.get_value(r, c).decode()
+                for c in range(result.nfields)
+            )
+            for r in range(result.ntuples)
+        ]
+
+
+def test_seed_enqueue_claim_finish_and_requeue_run_unchanged():
+    job_id = str(uuid.uuid4())
+    run(ENQUEUE, job_id, "CountWorker", '{"fail": false}')
+    row = Job.objects.get(pk=job_id)
+    assert (row.status, row.queue, row.priority, row.attempts, row.errors) == ("queued", "default", 0, 0, [])
+
+    claimed = run(CLAIM, "{CountWorker}")
+    assert claimed == [(job_id, "CountWorker", '{"fail": false}')]
+    assert Job.objects.get(pk=job_id).status == "running"
+
+    run(FINISH, job_id, "failed", "boom")
+    row = Job.objects.get(pk=job_id)
+    assert (row.status, row.error) == ("failed", "boom")
+
+    Job.objects.filter(pk=job_id).update(status="running")
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE axa_queue SET started_at = now() - interval '2 hours' WHERE id = %s", [job_id])
+    run(REQUEUE_STALE, "60")
+    assert Job.objects.get(pk=job_id).status == "queued"
+
+
+def test_a_row_enqueued_by_the_seed_is_run_by_runworker(workers):
+    job_id = str(uuid.uuid4())
+    run(ENQUEUE, job_id, "CountWorker", '{"fail": false}')
+    proc = workers.start("--burst")
+    assert proc.wait(timeout=60) == 0, proc.stdout.read()
+    row = Job.objects.get(pk=job_id)
+    assert (row.status, row.attempts) == ("completed", 1)
+
+
+def test_a_job_enqueued_here_is_claimed_by_the_seeds_claim():
+    from tests.testapp import jobs
+
+    job = jobs.count.perform_later(fail=True)
+    assert run(CLAIM, "{CountWorker}") == [(str(job.pk), "CountWorker", '{"fail": true}')]
+
+
+def test_a_row_claimed_by_the_seed_is_rescued_by_the_stale_rule_not_the_lease():
+    from axa_django.worker import Worker
+
+    job_id = str(uuid.uuid4())
+    run(ENQUEUE, job_id, "CountWorker", '{"fail": false}')
+    run(CLAIM, "{CountWorker}")
+    # Running for a minute, far past LEASE_SECONDS but inside STALE_MINUTES: left alone.
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE axa_queue SET started_at = now() - interval '1 minute' WHERE id = %s", [job_id])
+    Worker(burst=True, install_signals=False).run()
+    assert Job.objects.get(pk=job_id).status == "running"
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE axa_queue SET started_at = now() - interval '61 minutes' WHERE id = %s", [job_id])
+    Worker(burst=True, install_signals=False).run()
+    assert Job.objects.get(pk=job_id).status == "completed"
+
+
+def test_storage_parameters_and_indexes_are_in_place():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reloptions FROM pg_class WHERE relname = 'axa_queue'")
+        options = cursor.fetchone()[0]
+        cursor.execute(
+            "SELECT indexdef FROM pg_indexes WHERE tablename = 'axa_queue' AND indexname = 'axa_queue_ready'"
+        )
+        ready = cursor.fetchone()[0]
+    assert "fillfactor=70" in options and "autovacuum_vacuum_scale_factor=0.01" in options
+    assert ready.endswith("(run_at) WHERE (status = 'queued'::text)")

@@ -1,0 +1,155 @@
+"""Registry, system checks, migrations, and installing the app into a new project."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from django.core import checks
+from django.test import override_settings
+
+from axa_django import background_job
+from axa_django.registry import registry
+from tests.conftest import ROOT, database_url
+
+
+def test_jobs_modules_of_installed_apps_are_discovered():
+    assert {"CountWorker", "tests.testapp.jobs.add", "tests.testapp.jobs.record"} <= set(registry)
+
+
+def test_default_name_is_module_and_qualname():
+    from tests.testapp import jobs
+
+    assert jobs.add.name == "tests.testapp.jobs.add"
+
+
+def test_two_functions_under_one_name_is_an_error_naming_both():
+    with pytest.raises(ValueError) as raised:
+
+        @background_job(name="CountWorker")
+        def impostor(fail: bool) -> None: ...
+
+    message = str(raised.value)
+    assert "tests.testapp.jobs.count" in message and "tests.test_setup" in message and "impostor" in message
+    assert registry["CountWorker"].func.__module__ == "tests.testapp.jobs"
+
+
+def test_registering_the_same_function_again_is_harmless():
+    from tests.testapp import jobs
+
+    assert background_job(name="CountWorker")(jobs.count.func).func is jobs.count.func
+
+
+def test_a_nested_function_needs_an_explicit_name():
+    with pytest.raises(TypeError, match="defined inside a function"):
+
+        @background_job
+        def inner() -> None: ...
+
+
+def run_checks():
+    return [m for m in checks.run_checks() if m.id and m.id.startswith("axa_django.")]
+
+
+@pytest.mark.parametrize(
+    ("setting", "check_id", "text"),
+    [
+        ("queue", "axa_django.E001", "AXA_DJANGO must be a dict, not str."),
+        ({"MOOD": "x"}, "axa_django.E002", "AXA_DJANGO has an unknown key 'MOOD'."),
+        ({"MODE": "eager"}, "axa_django.E003", "AXA_DJANGO['MODE'] is 'eager'; it must be 'queue' or 'immediate'."),
+        (
+            {"POLL_INTERVAL": 0},
+            "axa_django.E004",
+            "AXA_DJANGO['POLL_INTERVAL'] is 0; it must be a positive number of seconds.",
+        ),
+        ({"POLL_INTERVAL": "1"}, "axa_django.E004", "AXA_DJANGO['POLL_INTERVAL'] is '1'; it must be a positive number"),
+        ({"LEASE_SECONDS": -5}, "axa_django.E004", "AXA_DJANGO['LEASE_SECONDS'] is -5"),
+        (
+            {"MAX_ATTEMPTS": 0},
+            "axa_django.E004",
+            "AXA_DJANGO['MAX_ATTEMPTS'] is 0; it must be a positive whole number.",
+        ),
+        ({"STALE_MINUTES": 1.5}, "axa_django.E004", "AXA_DJANGO['STALE_MINUTES'] is 1.5"),
+        ({"NOTIFY": "yes"}, "axa_django.E004", "AXA_DJANGO['NOTIFY'] is 'yes'; it must be True or False."),
+        ({"DATABASE": "nope"}, "axa_django.E005", "AXA_DJANGO['DATABASE'] is 'nope', which is not in DATABASES."),
+        ({"CRON_TIMEZONE": "Mars/Olympus"}, "axa_django.E007", "'Mars/Olympus', which is not a known time zone."),
+    ],
+)
+def test_bad_settings_are_reported_by_system_checks(setting, check_id, text):
+    with override_settings(AXA_DJANGO=setting):
+        messages = run_checks()
+    assert [m.id for m in messages] == [check_id]
+    assert text in messages[0].msg
+
+
+def test_good_settings_pass_the_checks():
+    with override_settings(AXA_DJANGO={"MODE": "immediate", "POLL_INTERVAL": 0.5, "NOTIFY": False}):
+        assert run_checks() == []
+
+
+def test_settings_are_cached_and_reset_when_changed():
+    from axa_django import conf
+
+    assert conf.get("MODE") == "queue"
+    with override_settings(AXA_DJANGO={"MODE": "immediate"}):
+        assert conf.get("MODE") == "immediate"
+    assert conf.get("MODE") == "queue"
+
+
+@pytest.mark.django_db
+def test_manage_check_and_makemigrations_are_clean(workers):
+    check = workers.manage("check", "--fail-level", "WARNING")
+    assert check.returncode == 0, check.stderr
+    migrations = workers.manage("makemigrations", "--check", "--dry-run")
+    assert migrations.returncode == 0, migrations.stdout + migrations.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_startproject_site_runs_a_job(tmp_path, workers):
+    """What a new user does: startproject, add the app, migrate, enqueue, runworker."""
+    subprocess.run([sys.executable, "-m", "django", "startproject", "site1", str(tmp_path)], check=True)
+    settings = tmp_path / "site1" / "settings.py"
+    text = settings.read_text()
+    text = text.replace("INSTALLED_APPS = [", 'INSTALLED_APPS = [\n    "axa_django",\n    "hello",')
+    assert '"hello"' in text
+    text += textwrap.dedent(
+        """
+        import os
+        from axa_django.devdb import parse_url
+        DATABASES = {"default": parse_url(os.environ["DATABASE_URL"])}
+        """
+    )
+    settings.write_text(text)
+    (tmp_path / "hello").mkdir()
+    (tmp_path / "hello" / "__init__.py").write_text("")
+    (tmp_path / "hello" / "jobs.py").write_text(
+        textwrap.dedent(
+            """
+            from axa_django import background_job
+
+            @background_job
+            def greet(name: str) -> str:
+                return f"hello {name}"
+            """
+        )
+    )
+    env = workers.env(DJANGO_SETTINGS_MODULE="site1.settings", DATABASE_URL=database_url())
+    env["PYTHONPATH"] = f"{tmp_path}:{ROOT}"
+
+    def manage(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
+
+    for args in (("check",), ("migrate", "--noinput")):
+        result = manage(*args)
+        assert result.returncode == 0, result.stdout + result.stderr
+    enqueue = manage("shell", "-c", "from hello.jobs import greet; print(greet.perform_later('ada').pk)")
+    assert enqueue.returncode == 0, enqueue.stderr
+    job_id = enqueue.stdout.strip().splitlines()[-1]
+    result = manage("runworker", "--burst")
+    assert result.returncode == 0, result.stdout + result.stderr
+    read = manage(
+        "shell", "-c", f"from axa_django import Job; j = Job.objects.get(pk='{job_id}'); print(j.status, j.result)"
+    )
+    assert read.stdout.strip().splitlines()[-1] == "completed hello ada"
