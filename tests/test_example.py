@@ -18,7 +18,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from axa_django import Job
+from axa_django import Job, registry
 from axa_django.worker import Worker
 from tests.conftest import ROOT, Workers, wait_for
 
@@ -50,11 +50,18 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def shop(settings):
-    """The test settings plus the example's app, serving the example's URLs."""
+def shop(settings) -> Iterator[Client]:
+    """The test settings plus the example's app and URLs; its jobs are registered only meanwhile."""
+    saved = dict(registry.registry)
     settings.INSTALLED_APPS = [*settings.INSTALLED_APPS, "example_project.shop"]
     settings.ROOT_URLCONF = "example_project.urls"
-    return Client(enforce_csrf_checks=True)
+    from example_project.shop import jobs
+
+    for job in (jobs.send_welcome_email, jobs.charge_card):
+        registry.registry[job.name] = job
+    yield Client(enforce_csrf_checks=True)
+    registry.registry.clear()
+    registry.registry.update(saved)
 
 
 def csrf_token(client: Client) -> str:
@@ -244,3 +251,6 @@ def test_example_checks_and_migrations_are_clean(workers):
     assert "System check identified no issues" in check.stdout
     migrations = manage("makemigrations", "--check", "--dry-run", env=env)
     assert migrations.returncode == 0, migrations.stdout + migrations.stderr
+    bad = manage("demo", "--burst", "--concurrency", "0", env=env)
+    assert bad.returncode == 2
+    assert "argument --concurrency: must be at least 1, got 0" in bad.stderr

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +31,18 @@ from axa_django import Job
 from example_project.shop.samples import KINDS
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+def _number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            limits = f"from {minimum} to {maximum}" if maximum is not None else f"at least {minimum}"
+            raise argparse.ArgumentTypeError(f"must be {limits}, got {value}")
+        return value
 
-
-def _port(text: str) -> int:
-    value = _count(text)
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, got {value}")
-    return value
+    return parse
 
 
 class Command(BaseCommand):
@@ -53,22 +51,19 @@ class Command(BaseCommand):
         "development server until Ctrl-C. With --burst: run the worker until the queue is drained, print a "
         "summary and exit."
     )
-    requires_system_checks = []  # the worker and runserver processes run the checks
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--jobs", type=_count, default=200, help="sample jobs to enqueue (default 200)")
+        parser.add_argument("--jobs", type=_number(0), default=200, help="sample jobs to enqueue (default 200)")
         parser.add_argument(
             "--burst", action="store_true", help="no web server: run the worker until drained, print a summary"
         )
-        parser.add_argument("--port", type=_port, default=8000, help="port of the development server (default 8000)")
-        parser.add_argument("--concurrency", type=_count, default=4, help="worker threads (default 4)")
+        parser.add_argument("--port", type=_number(1, 65535), default=8000, help="web server port (default 8000)")
+        parser.add_argument("--concurrency", type=_number(1), default=4, help="worker threads (default 4)")
         parser.add_argument("--username", default="admin", help="admin user to create or reset (default admin)")
         parser.add_argument("--password", default=None, help="its password (default: a new random one)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.verbosity = options["verbosity"]
-        if options["concurrency"] < 1:
-            raise CommandError("--concurrency must be at least 1")
         database = connections["default"].settings_dict
         self.say(f"database {database['NAME']} on {database['HOST'] or 'localhost'}; migrating")
         call_command("migrate", interactive=False, verbosity=max(0, self.verbosity - 1))
