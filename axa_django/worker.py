@@ -121,6 +121,10 @@ def task_backend_aliases() -> list[str]:
     return queue_backend_aliases()
 
 
+class NotMigrated(RuntimeError):
+    """The database has no queue tables yet."""
+
+
 class NoHandler(LookupError):
     """No job of this name is registered in the worker."""
 
@@ -329,6 +333,7 @@ class Worker:
             settings.get("NAME"),
             settings.get("HOST") or "local",
         )
+        self._check_tables()
         self._register()
         self._rescue()
         self._start_threads()
@@ -417,6 +422,13 @@ class Worker:
             self._conn = None
             self._aborting.wait(0.2)
             return None
+
+    def _check_tables(self) -> None:
+        rows = self._execute("SELECT to_regclass('axa_queue') IS NULL OR to_regclass('axa_worker') IS NULL", {})
+        if rows and rows[0][0]:
+            self._close(self._conn)
+            name = connections[self.using].settings_dict.get("NAME")
+            raise NotMigrated(f"the queue tables do not exist in database {name!r}: run python manage.py migrate first")
 
     def _register(self) -> None:
         self._execute(
@@ -578,6 +590,8 @@ class Worker:
                     self._wake.set()  # anything enqueued while we were deaf
                     delay = 0.1
                 for note in conn.notifies(timeout=0.5):
+                    if self._stopping.is_set():
+                        break  # shutdown sends a notification to get us here at once
                     if note.channel == housekeeping.CANCEL_CHANNEL:
                         housekeeping.relay_cancel(self, note.payload)
                     self._wake.set()

@@ -237,3 +237,20 @@ def test_runworker_rejects_bad_options(workers, args, message):
     result = workers.manage("runworker", *args, timeout=60)
     assert result.returncode == 2
     assert message in result.stderr
+
+
+def test_runworker_on_an_unmigrated_database_says_to_migrate(workers):
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE DATABASE axa_unmigrated")
+    try:
+        env = workers.env()
+        env["DATABASE_URL"] = env["DATABASE_URL"].replace("/axa_test", "/axa_unmigrated")
+        proc = workers.start("--burst", env=env)
+        assert proc.wait(timeout=60) == 1
+        assert (
+            "CommandError: the queue tables do not exist in database 'axa_unmigrated': run python manage.py migrate first"
+            in proc.stdout.read()
+        )
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP DATABASE axa_unmigrated WITH (FORCE)")

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from axa_django.worker import Worker
+from axa_django.worker import NotMigrated, Worker
 
 
 def _positive_int(text: str) -> int:
@@ -68,6 +68,9 @@ class Command(BaseCommand):
             )
         except ValueError as error:
             raise CommandError(str(error)) from None
-        code = worker.run()
+        try:
+            code = worker.run()
+        except NotMigrated as error:
+            raise CommandError(str(error)) from None
         if code:
             sys.exit(code)
