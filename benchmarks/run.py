@@ -211,7 +211,13 @@ def time_claim(reps: int = 300) -> float:
     with connect("default", "bench") as conn:
         conn.autocommit = False
         query = statements.CLAIM.format(queues="")
-        params = {"worker": None, "names": ["benchmarks.benchapp.jobs.noop"], "limit": 4, "queues": None}
+        params = {
+            "worker": None,
+            "names": ["benchmarks.benchapp.jobs.noop"],
+            "backends": [],
+            "limit": 4,
+            "queues": None,
+        }
         for _ in range(reps):
             start = time.perf_counter()
             rows = conn.execute(query, params).fetchall()
