@@ -354,10 +354,9 @@ class Worker:
                     self._wait(next_housekeeping - time.monotonic())
                 continue
             if backlog and idle < self.concurrency:
-                # More rows are waiting and other threads are about to free up:
-                # a moment's pause lets one claim serve several of them.
-                time.sleep(_COALESCE)
-                idle = self._idle(claimed_total)
+                # More rows are waiting and other threads are about to free up: wait
+                # a moment for them, so that one claim serves several.
+                idle = self._gather(claimed_total)
             # Read before claiming: an outcome written after the claim (a retry
             # queued again) must get another claim before a burst worker exits.
             settled = not self._in_flight and not self._unwritten
@@ -383,6 +382,17 @@ class Worker:
         idle = self.concurrency - len(self._in_flight)
         if self.max_jobs is not None:
             idle = min(idle, self.max_jobs - claimed_total)
+        return idle
+
+    def _gather(self, claimed_total: int) -> int:
+        deadline = time.monotonic() + _COALESCE
+        while (idle := self._idle(claimed_total)) < self.concurrency:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._wake.clear()
+            if self._idle(claimed_total) == idle:  # nothing freed since we looked
+                self._wake.wait(left)
         return idle
 
     def _housekeeping_interval(self) -> float:
