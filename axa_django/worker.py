@@ -71,9 +71,15 @@ class Outcome:
 
 def connect(using: str, purpose: str) -> psycopg.Connection[Any]:
     """Open an autocommit psycopg connection to the queue database."""
-    params = connections[using].get_connection_params()
+    wrapper = connections[using]
+    params = wrapper.get_connection_params()
     for key in ("cursor_factory", "context", "server_side_binding"):
         params.pop(key, None)
+    if "prepare_threshold" not in wrapper.settings_dict.get("OPTIONS", {}):
+        # Django leaves server-side prepared statements off by default; the worker
+        # repeats a handful of statements thousands of times, so it prepares them
+        # (set OPTIONS["prepare_threshold"] = None to opt out, e.g. behind PgBouncer).
+        params["prepare_threshold"] = 5
     params.setdefault("application_name", f"axa_django {purpose}")
     conn = psycopg.connect(autocommit=True, **params)
     # Claims and outcomes need not wait for the WAL flush: if PostgreSQL itself
@@ -550,9 +556,12 @@ class Worker:
             if first is None:
                 break
             batch = [first]
+            gather_until = time.monotonic() + _COALESCE
             while len(batch) < 500:
                 try:
-                    item = self._outcomes.get_nowait()
+                    # Outcomes of jobs claimed together arrive together: a moment's
+                    # wait lets one statement write them all.
+                    item = self._outcomes.get(timeout=max(0.0, gather_until - time.monotonic()))
                 except queue_module.Empty:
                     break
                 if item is None:
