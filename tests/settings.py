@@ -16,6 +16,9 @@ if "DATABASE_URL" not in os.environ:
 else:
     DATABASES = {"default": database("unused")}
 DATABASES["default"]["TEST"] = {"NAME": os.environ.get("AXA_TEST_DB_NAME", "axa_test")}
+# A database that is not PostgreSQL, for the checks that must refuse one; nothing migrates there.
+DATABASES["sqlite"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
+DATABASE_ROUTERS = ["tests.routers.PostgresOnly"]
 
 SECRET_KEY = "tests"
 DEBUG = False
