@@ -103,7 +103,7 @@ class JobFunction(Generic[P, R]):
         arguments = bind(self.signature, self.name, args, kwargs)
         job = rows.write(self.name, arguments, self._options_for(arguments), self)
         if conf.get("MODE") == "immediate" and job.status == Job.Status.QUEUED:
-            from .worker import run_inline
+            from .execution import run_inline
 
             run_inline(job, self)
         return job
@@ -122,7 +122,7 @@ class JobFunction(Generic[P, R]):
             items.append((self.name, arguments, self._options_for(arguments)))
         jobs = rows.write_many(items, self)
         if conf.get("MODE") == "immediate":
-            from .worker import run_inline
+            from .execution import run_inline
 
             for job in jobs:
                 run_inline(job, self)

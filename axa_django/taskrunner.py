@@ -19,8 +19,8 @@ from django.utils import timezone
 from . import conf
 from .arguments import ArgumentsMismatch
 from .backends import NotATask, QueueBackend, _import_task, _rebuild, plain_json, queue_backend_aliases
+from .execution import Claimed, NoHandler, Outcome
 from .registry import default_backoff
-from .worker import Claimed, NoHandler, Outcome
 
 # The row's args object is {"args": [...], "kwargs": {...}}; perform() binds it to this.
 _CALL = inspect.Signature(
@@ -36,7 +36,7 @@ class TaskRefused(NoHandler):
 
 
 class TaskRunner:
-    """What ``worker.perform`` runs for one claimed django.tasks row (a JobFunction look-alike)."""
+    """What ``execution.perform`` runs for one claimed django.tasks row (a JobFunction look-alike)."""
 
     signature = _CALL
     takes_context = False
@@ -125,6 +125,6 @@ async def _normalized(coroutine: Any) -> Any:
 
 
 def resolver(job: Claimed) -> tuple[TaskRunner, Callable[[Claimed], TaskRunner]]:
-    """The runner for a claimed django.tasks row, and a resolver for ``worker.perform``."""
+    """The runner for a claimed django.tasks row, and a resolver for ``execution.perform``."""
     runner = TaskRunner.for_row(job)
     return runner, lambda _job: runner

@@ -11,7 +11,8 @@ import pytest
 from django.db import OperationalError, connections
 
 from axa_django import Job, conf
-from axa_django.worker import Outcome, connect, finish
+from axa_django.execution import Outcome, finish
+from axa_django.worker import connect
 from tests.conftest import restart_postgres, wait_for
 from tests.testapp import jobs
 

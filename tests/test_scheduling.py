@@ -348,7 +348,7 @@ def test_non_json_return_value_fails_the_job_clearly() -> None:
     assert "the return value of job" in job.error
     assert "not JSON" in job.error
     assert json.dumps(job.errors)  # the error history stays readable JSON
-    assert job.errors[-1]["type"] == "axa_django.worker.BadResult"
+    assert job.errors[-1]["type"] == "axa_django.execution.BadResult"
 
 
 # -- signals --------------------------------------------------------------------------

@@ -290,7 +290,7 @@ def test_a_return_value_is_normalized_as_django_does_and_non_json_fails():
     assert default_task_backend.get_result(pair.id).return_value == [1, "two"]
     failure = default_task_backend.get_result(bad.id)
     assert failure.status == TaskResultStatus.FAILED
-    assert failure.errors[0].exception_class_path == "axa_django.worker.BadResult"
+    assert failure.errors[0].exception_class_path == "axa_django.execution.BadResult"
     assert "is a set, which is not JSON" in failure.errors[0].traceback
 
 
