@@ -254,3 +254,16 @@ def test_runworker_on_an_unmigrated_database_says_to_migrate(workers):
     finally:
         with connection.cursor() as cursor:
             cursor.execute("DROP DATABASE axa_unmigrated WITH (FORCE)")
+
+
+def test_names_and_queues_with_quotes_and_percent_signs_are_claimed(log_file):
+    from axa_django import background_job
+    from axa_django.registry import registry
+
+    odd = background_job(name="it's 100% odd")(jobs.record.func)
+    try:
+        job = odd.using(queue="q'%s").perform_later(token="odd", log=log_file)
+        assert burst(queues=["q'%s"]).processed == 1
+        assert status(job) == "completed"
+    finally:
+        registry.pop("it's 100% odd")
