@@ -24,9 +24,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
-from django.conf import settings
 from django.core import checks
-from django.db import connections
 from django.tasks import Task, TaskResult, TaskResultStatus, task_backends
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
@@ -40,6 +38,7 @@ from django.utils.module_loading import import_string
 # (``@task`` in a models module), before axa_django's models can be imported.
 from . import conf
 from .arguments import check_json
+from .checks import other_vendor
 
 if TYPE_CHECKING:
     from .models import Job
@@ -206,11 +205,10 @@ class QueueBackend(BaseTaskBackend):
                 )
             )
         alias = conf.get("DATABASE")
-        if alias in settings.DATABASES and connections[alias].vendor != "postgresql":
+        if (vendor := other_vendor(alias)) is not None:
             messages.append(
                 checks.Error(
-                    f"TASKS[{self.alias!r}] stores tasks in database {alias!r}, which uses "
-                    f"{connections[alias].vendor}, not PostgreSQL.",
+                    f"TASKS[{self.alias!r}] stores tasks in database {alias!r}, which uses {vendor}, not PostgreSQL.",
                     hint="axa_django needs PostgreSQL; point AXA_DJANGO['DATABASE'] at a PostgreSQL database.",
                     id="axa_django.E102",
                 )

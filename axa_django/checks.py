@@ -34,6 +34,13 @@ _RULES: dict[str, tuple[Any, str]] = {
 }
 
 
+def other_vendor(alias: str) -> str | None:
+    """The vendor of DATABASES[alias] when it exists and is not PostgreSQL, else None (no query)."""
+    if alias in settings.DATABASES and connections[alias].vendor != "postgresql":
+        return connections[alias].vendor
+    return None
+
+
 @checks.register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Report a malformed AXA_DJANGO setting before a worker or view trips on it."""
@@ -80,10 +87,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="axa_django.E005",
             )
         )
-    elif connections[alias].vendor != "postgresql":
+    elif (vendor := other_vendor(alias)) is not None:
         errors.append(
             checks.Error(
-                f"The queue database {alias!r} uses {connections[alias].vendor}, not PostgreSQL.",
+                f"The queue database {alias!r} uses {vendor}, not PostgreSQL.",
                 hint="axa_django needs PostgreSQL (SKIP LOCKED, LISTEN/NOTIFY, jsonb).",
                 id="axa_django.E006",
             )

@@ -23,6 +23,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import manage, sql, wait_until  # noqa: E402
+
 TABLE = "django_tasks_database_dbtaskresult"
 
 
@@ -39,36 +42,13 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def sql(statement: str, params: Any = None) -> list[tuple[Any, ...]]:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
-        return cursor.fetchall() if cursor.description else []
-
-
 def reset() -> None:
     sql(f"TRUNCATE {TABLE}")
 
 
 def db_worker(*args: str) -> subprocess.Popen[bytes]:
     """Start ``manage.py db_worker`` with the peer settings (and this process's CONN_MAX_AGE)."""
-    env = dict(os.environ, DJANGO_SETTINGS_MODULE="benchmarks.peer_settings")
-    return subprocess.Popen(
-        [sys.executable, "-m", "django", "db_worker", "--no-startup-delay", "--verbosity", "0", *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
-def wait_until(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"benchmark (peer): timed out waiting for {what}")
-        time.sleep(0.01)
+    return manage("benchmarks.peer_settings", "db_worker", "--no-startup-delay", "--verbosity", "0", *args)
 
 
 def succeeded() -> int:

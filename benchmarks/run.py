@@ -25,6 +25,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import manage, sql, wait_until  # noqa: E402
+
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -107,35 +109,12 @@ def setup_database(peer: bool = False) -> str:
     return version
 
 
-def sql(statement: str, params: Any = None) -> list[tuple[Any, ...]]:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
-        return cursor.fetchall() if cursor.description else []
-
-
 def reset() -> None:
     sql("TRUNCATE axa_queue, axa_worker")
 
 
 def worker(*args: str) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, DJANGO_SETTINGS_MODULE="benchmarks.settings")
-    return subprocess.Popen(
-        [sys.executable, "-m", "django", "runworker", *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
-def wait_until(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"benchmark: timed out waiting for {what}")
-        time.sleep(0.01)
+    return manage("benchmarks.settings", "runworker", *args)
 
 
 def bench_enqueue(args: argparse.Namespace, results: dict[str, Any]) -> None:
