@@ -159,3 +159,6 @@ if os.environ.get("AXA_TEST_CRON"):
     # Only the worker subprocesses of the cron tests know the every-second job, so
     # other tests' workers do not enqueue it.
     from . import cron_jobs  # noqa: F401
+
+# Jobs of the hardening tests, one module per area.
+from . import admin_jobs, boundary_jobs, hostile_jobs, housekeeping_jobs, pooler_jobs  # noqa: E402, F401
