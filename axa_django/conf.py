@@ -28,6 +28,9 @@ DEFAULTS: dict[str, Any] = {
     "MAX_ARGS_BYTES": 1_000_000,
     # LISTEN/NOTIFY wake-ups; turn off behind PgBouncer in transaction mode.
     "NOTIFY": True,
+    # The database is reached through a transaction pooler (PgBouncer pool_mode =
+    # transaction): workers use no prepared statements and no LISTEN, and poll.
+    "TRANSACTION_POOLING": False,
     # Finished jobs older than this many seconds are pruned by workers (None: never).
     "RETENTION": None,
     # Time zone of cron schedules (None: settings.TIME_ZONE).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
@@ -36,6 +37,9 @@ class Claimed:
     max_attempts: int | None
     backend: str | None = None
     context: JobContext | None = field(default=None, repr=False)
+    # The claim sends args as text: decoding happens in the job thread, where a row
+    # that cannot be decoded fails on its own instead of breaking the claim.
+    args_json: str | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -58,6 +62,8 @@ def perform(job: Claimed, worker_id: uuid.UUID | None, resolve: Callable[[Claime
     try:
         if function is None:
             raise NoHandler(f"no handler for job {job.name!r} in this worker")
+        if job.args_json is not None:
+            job.args, job.args_json = decode_args(job.args_json), None
         try:
             args, kwargs = prepare_call(function.signature, job.args)
         except ArgumentsMismatch as error:
@@ -76,9 +82,19 @@ def perform(job: Claimed, worker_id: uuid.UUID | None, resolve: Callable[[Claime
             result = encode(value, f"the return value of job {job.name!r}", 2**31)
         except (TypeError, ValueError) as error:
             raise BadResult(str(error)) from None
-    except (Exception, SystemExit) as error:  # noqa: BLE001 - a job's failure is data, not a crash
-        return _failure(job, function, error, worker_id)
+    except BaseException as error:  # noqa: BLE001 - whatever a job raises is its outcome, never the worker's end
+        return failure(job, function, error, worker_id)
     return Outcome(job.id, job.name, job.attempt, "completed", result=result)
+
+
+def decode_args(text: str) -> Any:
+    """A row's args from their JSON text; BadRow (permanent) if Python cannot hold them."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise BadRow("the row's args are nested too deeply for Python's JSON decoder") from None
+    except ValueError as error:  # e.g. an integer of more digits than int() accepts
+        raise BadRow(f"the row's args cannot be decoded: {error}") from None
 
 
 class NoHandler(LookupError):
@@ -89,10 +105,33 @@ class BadResult(TypeError):
     """The job returned something that is not JSON."""
 
 
-def _failure(job: Claimed, function: Any, error: BaseException, worker_id: uuid.UUID | None) -> Outcome:
+class BadRow(ValueError):
+    """The row holds values this worker cannot decode (args nested too deeply, huge numbers)."""
+
+
+class LeakedTransaction(RuntimeError):
+    """The job returned with a transaction still open on one of its connections."""
+
+
+def storable(text: str) -> str:
+    """``text`` as PostgreSQL text can hold it: NUL and lone surrogates shown escaped, and said so."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00") + "\n(NUL characters, which PostgreSQL cannot store, are shown as \\x00)"
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode() + "\n(unpaired surrogates are shown escaped)"
+    return text
+
+
+def failure(job: Claimed, function: Any, error: BaseException, worker_id: uuid.UUID | None) -> Outcome:
+    """The outcome of an attempt that raised ``error``: retried while attempts are left."""
     kind = type(error)
-    text = "".join(traceback.format_exception(error))
-    message = str(error) or kind.__name__
+    text = storable("".join(traceback.format_exception(error)))
+    try:
+        message = storable(str(error) or kind.__name__)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the failure
+        message = kind.__name__
     entry = json.dumps(
         {
             "attempt": job.attempt,
@@ -107,7 +146,7 @@ def _failure(job: Claimed, function: Any, error: BaseException, worker_id: uuid.
         logger.info("job %s %s cancelled", job.name, job.id)
         return Outcome(job.id, job.name, job.attempt, "cancelled", error=text, entry=entry)
     allowed = job.max_attempts or (function.attempts_allowed if function else 1)
-    permanent = function is None or isinstance(error, ArgumentsMismatch | BadResult | NoHandler)
+    permanent = function is None or isinstance(error, ArgumentsMismatch | BadResult | BadRow | NoHandler)
     if not permanent and job.attempt < allowed:
         delay = max(0.0, function.retry_delay(job.attempt))
         logger.warning(
@@ -167,8 +206,10 @@ def run_inline(job: Any, function: registry.JobFunction[Any, Any]) -> None:
     job.refresh_from_db(using=using)
 
 
-def send_finished(function: Any, outcome: Outcome) -> None:
-    job_finished.send(
+def send_finished(function: Any, outcome: Outcome, robust: bool = False) -> None:
+    """Send job_finished; ``robust``: log a receiver's exception instead of raising it (the worker)."""
+    send = job_finished.send_robust if robust else job_finished.send
+    responses = send(
         sender=function,
         job_id=outcome.id,
         name=outcome.name,
@@ -177,17 +218,51 @@ def send_finished(function: Any, outcome: Outcome) -> None:
         error=outcome.error,
         result=json.loads(outcome.result) if outcome.result is not None else None,
     )
+    if robust:
+        log_receiver_errors("job_finished", responses)
 
 
-def tidy_connections() -> None:
-    # Keep the job thread's Django connection across jobs (whatever CONN_MAX_AGE
-    # says) unless the job left it broken or inside a transaction.
+def log_receiver_errors(signal_name: str, responses: list[tuple[Any, Any]]) -> None:
+    """Log the exceptions that ``send_robust`` collected from receivers."""
+    for receiver, response in responses:
+        if isinstance(response, BaseException):
+            logger.error("a %s receiver (%r) raised", signal_name, receiver, exc_info=response)
+
+
+def release_connections() -> list[str]:
+    """Leave this thread's Django connections clean for the next job; describe any transaction the job left open.
+
+    A connection is kept across jobs (whatever CONN_MAX_AGE says) while it is clean.
+    One left inside a transaction (``BEGIN`` by hand, an ``atomic()`` never exited,
+    ``set_autocommit(False)``) is closed, which rolls the transaction back, and dropped,
+    so the next job gets a fresh one and cannot commit the leak by accident.
+    """
+    leaks = []
     for connection in connections.all(initialized_only=True):
-        if connection.connection is None:
+        raw = connection.connection
+        if raw is None:
             continue
-        if connection.in_atomic_block:
-            continue
-        if connection.errors_occurred or not connection.get_autocommit():
-            if not connection.is_usable() or not connection.get_autocommit():
+        open_block = connection.in_atomic_block or not connection.get_autocommit()
+        status = raw.info.transaction_status if not raw.closed else psycopg.pq.TransactionStatus.IDLE
+        if open_block or status != psycopg.pq.TransactionStatus.IDLE:
+            leaks.append(connection.alias)
+            with contextlib.suppress(psycopg.Error):
+                raw.close()
+            del connections[connection.alias]
+        elif connection.errors_occurred:
+            if not connection.is_usable():
                 connection.close()
             connection.errors_occurred = False
+    return leaks
+
+
+def leaked(job: Claimed, function: Any, outcome: Outcome, aliases: list[str], worker_id: uuid.UUID | None) -> Outcome:
+    """The outcome of an attempt that left a transaction open: it fails, whatever it returned."""
+    names = ", ".join(repr(alias) for alias in aliases)
+    message = (
+        f"the job returned with a transaction still open on database {names}; it was rolled back, so what the job "
+        "wrote there is lost. Commit inside the job (transaction.atomic()) before returning."
+    )
+    if outcome.status != "completed":
+        message += f" The job had also failed: {json.loads(outcome.entry or '{}').get('message', outcome.status)}"
+    return failure(job, function, LeakedTransaction(message), worker_id)

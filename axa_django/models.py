@@ -121,6 +121,24 @@ class Job(models.Model):
                 name="axa_queue_claim_task",
                 condition=models.Q(status="queued", backend__isnull=False),
             ),
+            # Serve the claim of a --queue worker: per queue and name (or backend alias),
+            # so rows waiting in other queues are never walked.
+            models.Index(
+                "queue",
+                "name",
+                models.F("priority").desc(),
+                "run_at",
+                name="axa_queue_claim_queue",
+                condition=models.Q(status="queued"),
+            ),
+            models.Index(
+                "queue",
+                "backend",
+                models.F("priority").desc(),
+                "run_at",
+                name="axa_queue_claim_task_queue",
+                condition=models.Q(status="queued", backend__isnull=False),
+            ),
             models.Index(fields=["worker_id"], name="axa_queue_running", condition=models.Q(status="running")),
             models.Index(fields=["status", "-created_at"], name="axa_queue_status"),
             # Serves the admin's job list, newest first, without sorting the whole table.

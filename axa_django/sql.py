@@ -1,28 +1,44 @@
-"""The statements the worker runs, kept together so their guards can be read side by side."""
+"""The statements the worker runs, kept together so their guards can be read side by side.
+
+Templates hold ``{names}``, ``{backends}`` and ``{queues}`` slots that the worker fills
+once with literals (``compose``); ``%(...)s`` are parameters bound per execution.
+Statements that write end their RETURNING with ``set_config('synchronous_commit',
+'off', true)``: that transaction alone skips the WAL flush, and no session setting
+is left on a connection a pooler may hand to someone else.
+"""
+
+from __future__ import annotations
+
+import re
+
+import psycopg.sql
 
 # Claim up to %(limit)s ready jobs, per name best first, in one statement. The LATERAL
-# walk per name keeps the cost flat however many rows other names have queued.
+# walk per name (per name and queue for a --queue worker) keeps the cost flat however
+# many rows other names or queues hold. The ids are gathered in ARRAY(...), an InitPlan
+# run once, so no join order can re-run the locking subquery and claim past the LIMIT.
 # django.tasks rows (backend set) are walked per backend alias instead, any task path:
-# the worker imports their task and refuses anything that is not one (taskrunner.py).
+# the worker resolves their task and refuses anything that is not one (taskrunner.py).
+# attempts stops short of int overflow so that no row can make the claim fail.
 CLAIM = """
 UPDATE axa_queue q
 SET status = 'running', started_at = now(), updated_at = now(),
-    attempts = q.attempts + 1, worker_id = %(worker)s, cancel_requested = false
-FROM (
+    attempts = LEAST(q.attempts, 2147483646) + 1, worker_id = %(worker)s, cancel_requested = false
+WHERE q.id = ANY(ARRAY(
     SELECT c.id FROM (
-        SELECT c.id, c.priority, c.run_at FROM unnest(%(names)s::text[]) AS n(name)
+        SELECT c.id, c.priority, c.run_at FROM {name_walk}
         CROSS JOIN LATERAL (
             SELECT id, priority, run_at FROM axa_queue
-            WHERE status = 'queued' AND name = n.name AND backend IS NULL AND run_at <= now() {queues}
+            WHERE status = 'queued' AND name = n.name AND backend IS NULL AND run_at <= now() {queue_match}
             ORDER BY priority DESC, run_at
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED
         ) AS c
         UNION ALL
-        SELECT t.id, t.priority, t.run_at FROM unnest(%(backends)s::text[]) AS b(backend)
+        SELECT t.id, t.priority, t.run_at FROM {backend_walk}
         CROSS JOIN LATERAL (
             SELECT id, priority, run_at FROM axa_queue
-            WHERE status = 'queued' AND backend = b.backend AND run_at <= now() {queues}
+            WHERE status = 'queued' AND backend = b.backend AND run_at <= now() {queue_match}
             ORDER BY priority DESC, run_at
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED
@@ -30,18 +46,53 @@ FROM (
     ) AS c
     ORDER BY c.priority DESC, c.run_at
     LIMIT %(limit)s
-) AS picked
-WHERE q.id = picked.id
-RETURNING q.id, q.name, q.args, q.attempts, q.max_attempts, q.backend
+)) AND q.status = 'queued'
+RETURNING q.id, q.name, q.args::text, q.attempts, q.max_attempts, q.backend,
+    set_config('synchronous_commit', 'off', true)
 """
-CLAIM_QUEUES = "AND queue = ANY(%(queues)s::text[])"
 
-# Seconds until the earliest future job this worker could run, or NULL.
+# Seconds until the earliest future job this worker could run, or NULL; capped at a
+# day so that a row with run_at = 'infinity' cannot make an infinite wait.
 NEXT_RUN = """
-SELECT extract(epoch FROM min(run_at) - now()) FROM axa_queue
-WHERE status = 'queued' AND run_at > now() {queues}
-  AND ((backend IS NULL AND name = ANY(%(names)s::text[])) OR backend = ANY(%(backends)s::text[]))
+SELECT extract(epoch FROM LEAST(min(run_at), now() + interval '1 day') - now())::float8 FROM axa_queue
+WHERE status = 'queued' AND run_at > now() {queue_filter}
+  AND ((backend IS NULL AND name = ANY({names}::text[])) OR backend = ANY({backends}::text[]))
 """
+
+_WALKS = {
+    False: {
+        "name_walk": "unnest({names}::text[]) AS n(name)",
+        "backend_walk": "unnest({backends}::text[]) AS b(backend)",
+        "queue_match": "",
+        "queue_filter": "",
+    },
+    True: {
+        "name_walk": "unnest({names}::text[]) AS n(name) CROSS JOIN unnest({queues}::text[]) AS u(queue)",
+        "backend_walk": "unnest({backends}::text[]) AS b(backend) CROSS JOIN unnest({queues}::text[]) AS u(queue)",
+        "queue_match": "AND queue = u.queue",
+        "queue_filter": "AND queue = ANY({queues}::text[])",
+    },
+}
+_SLOT = re.compile(r"\{(names|backends|queues)\}")
+
+
+def compose(template: str, names: list[str], backends: list[str], queues: list[str] | None) -> str:
+    """``template`` with the worker's fixed names, backends and queues written in as literals.
+
+    One pass over the text: a value is never scanned again, so a name such as
+    ``%(queues)s`` or ``{names}`` stays data. ``%`` is doubled so that psycopg leaves
+    it alone while binding the statement's own parameters.
+    """
+    text = template
+    for slot, piece in _WALKS[bool(queues)].items():
+        text = text.replace("{" + slot + "}", piece)
+    values = {"names": names, "backends": backends, "queues": queues or []}
+
+    def literal(match: re.Match[str]) -> str:
+        return psycopg.sql.Literal(values[match.group(1)]).as_string(None).replace("%", "%%")
+
+    return _SLOT.sub(literal, text)
+
 
 # Record outcomes; a row is only written while still running under this worker.
 FINISH = """
@@ -58,7 +109,7 @@ SET status = v.status,
 FROM unnest(%(ids)s::uuid[], %(statuses)s::text[], %(errors)s::text[], %(results)s::text[],
             %(entries)s::text[], %(delays)s::float8[]) AS v(id, status, error, result, entry, delay)
 WHERE q.id = v.id AND q.status = 'running' AND q.worker_id IS NOT DISTINCT FROM %(worker)s
-RETURNING q.id
+RETURNING q.id, set_config('synchronous_commit', 'off', true)
 """
 
 REGISTER = """
@@ -72,26 +123,59 @@ HEARTBEAT = """
 WITH beat AS (UPDATE axa_worker SET heartbeat_at = now() WHERE id = %(worker)s RETURNING id)
 SELECT (SELECT count(*) FROM beat),
        ARRAY(SELECT id FROM axa_queue
-             WHERE worker_id = %(worker)s AND status = 'running' AND cancel_requested)
+             WHERE worker_id = %(worker)s AND status = 'running' AND cancel_requested),
+       set_config('synchronous_commit', 'off', true)
 """
 
 # Requeue jobs of dead workers (no heartbeat within the lease), and rows claimed
-# without a worker id (the seed's CLAIM) that have run past STALE_MINUTES.
+# without a worker id (the seed's CLAIM) that have run past STALE_MINUTES. A lost
+# worker costs the job the attempt it was on: a job that kills every worker running it
+# (os._exit, the OOM killer) ends failed after max_attempts instead of looping forever.
 RESCUE = """
 WITH dead AS (
     DELETE FROM axa_worker WHERE heartbeat_at < now() - make_interval(secs => %(lease)s) RETURNING id
+), lost AS (
+    SELECT q.id, q.worker_id IS NOT NULL AND q.attempts >= COALESCE(q.max_attempts, %(max_attempts)s) AS spent
+    FROM axa_queue q
+    WHERE q.status = 'running' AND (
+        (q.worker_id IS NOT NULL AND (
+            q.worker_id IN (SELECT id FROM dead)
+            OR NOT EXISTS (SELECT 1 FROM axa_worker w WHERE w.id = q.worker_id)))
+        OR (q.worker_id IS NULL AND q.started_at < now() - make_interval(mins => %(stale)s)))
+    FOR UPDATE OF q SKIP LOCKED
 )
 UPDATE axa_queue q
-SET status = 'queued', started_at = NULL, worker_id = NULL, run_at = now(), updated_at = now(),
+SET status = CASE WHEN lost.spent THEN 'failed' ELSE 'queued' END,
+    started_at = CASE WHEN lost.spent THEN q.started_at END,
+    worker_id = CASE WHEN lost.spent THEN q.worker_id END,
+    run_at = CASE WHEN lost.spent THEN q.run_at ELSE now() END,
+    finished_at = CASE WHEN lost.spent THEN now() END,
+    error = CASE WHEN lost.spent THEN format(
+        'WorkerLost: the worker running this job stopped during attempt %%s of %%s; no attempts are left',
+        q.attempts, COALESCE(q.max_attempts, %(max_attempts)s)) ELSE q.error END,
+    updated_at = now(),
     errors = q.errors || jsonb_build_array(jsonb_build_object(
         'attempt', q.attempts, 'at', now(), 'worker', q.worker_id, 'type', 'WorkerLost',
-        'message', 'the worker running this job stopped; the job was queued again', 'traceback', ''))
-WHERE q.status = 'running' AND (
-    (q.worker_id IS NOT NULL AND (
-        q.worker_id IN (SELECT id FROM dead)
-        OR NOT EXISTS (SELECT 1 FROM axa_worker w WHERE w.id = q.worker_id)))
-    OR (q.worker_id IS NULL AND q.started_at < now() - make_interval(mins => %(stale)s)))
-RETURNING q.id
+        'message', CASE WHEN lost.spent
+            THEN 'the worker running this job stopped; no attempts are left, so the job failed'
+            ELSE 'the worker running this job stopped; the job was queued again' END,
+        'traceback', ''))
+FROM lost
+WHERE q.id = lost.id
+RETURNING q.id, q.status
+"""
+
+# A queued row whose run_at is 'infinity' can never become due: fail it, saying why,
+# and give it a finite run_at so that every reader of the row can load it.
+FAIL_NEVER_DUE = """
+UPDATE axa_queue
+SET status = 'failed', run_at = now(), finished_at = now(), updated_at = now(),
+    error = 'NeverDue: run_at was ''infinity'', so this job could never run; enqueue it again with a real time',
+    errors = errors || jsonb_build_array(jsonb_build_object(
+        'attempt', attempts, 'at', now(), 'worker', NULL, 'type', 'NeverDue',
+        'message', 'run_at was ''infinity'', so this job could never run', 'traceback', ''))
+WHERE status = 'queued' AND run_at = 'infinity'
+RETURNING id
 """
 
 # Give back jobs this worker will not finish (hard shutdown).
@@ -108,3 +192,7 @@ WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running' AND worker_id = %(worker)
 UNREGISTER = "DELETE FROM axa_worker WHERE id = %(worker)s"
 
 WAKE = "SELECT pg_notify('axa_queue', '')"
+
+# Run before a housekeeping statement, in its transaction: none may hold the
+# dispatcher (or the heartbeat) for long.
+TIMEOUTS = "SELECT set_config('statement_timeout', %(statement)s, true), set_config('lock_timeout', %(lock)s, true)"

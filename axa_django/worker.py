@@ -1,9 +1,12 @@
 """The worker: claims jobs in batches, hands them to threads, writes outcomes, stays alive.
 
-One process holds ``concurrency`` job threads plus three fixed connections: the
-dispatcher (claims, heartbeat, rescue), the listener (LISTEN axa_queue) and the
-finisher (writes outcomes in batches, retrying through outages). Job threads open a
-Django connection only if the job's own code uses the database.
+One process holds ``concurrency`` job threads plus four connections of its own: the
+dispatcher (claims, rescue, housekeeping), the heartbeat (the lease on this worker's
+jobs, on a thread that waits on nothing else), the listener (LISTEN axa_queue) and
+the finisher (writes outcomes in batches, retrying through outages). Job threads open
+a Django connection only if the job's own code uses the database. Any of the worker's
+own threads dying ends the process with exit code 1, so that a process manager
+restarts it instead of keeping a worker that heartbeats but does no work.
 """
 
 from __future__ import annotations
@@ -23,41 +26,73 @@ from typing import Any
 
 import django
 import psycopg
-import psycopg.sql
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from . import conf, housekeeping, registry, sql
 from .context import JobContext
-from .execution import Claimed, NoHandler, Outcome, finish, perform, send_finished, tidy_connections
+from .execution import (
+    Claimed,
+    NoHandler,
+    Outcome,
+    failure,
+    finish,
+    leaked,
+    log_receiver_errors,
+    perform,
+    release_connections,
+    send_finished,
+    storable,
+)
 from .signals import job_started
 
-__all__ = ["Claimed", "NoHandler", "NotMigrated", "Outcome", "Worker", "connect", "finish", "perform"]
+__all__ = ["Claimed", "NoHandler", "NotMigrated", "Outcome", "PoolerMisconfigured", "Worker", "connect", "perform"]
 
 logger = logging.getLogger("axa_django")
 
 CHANNEL = "axa_queue"
 _RECONNECT_MAX = 5.0
 _COALESCE = 0.0005
+# Housekeeping statements (rescue, never-due rows) may not hold the dispatcher longer.
+_STATEMENT_TIMEOUT = "5s"
+_LOCK_TIMEOUT = "1s"
+# How long the start-up round trip through the listener may take before we poll.
+_NOTIFY_PROBE_SECONDS = 2.0
+
+
+def _prepare_threshold(using: str) -> int | None:
+    options = connections[using].settings_dict.get("OPTIONS", {})
+    if conf.get("TRANSACTION_POOLING"):
+        return None  # a transaction pooler hands each transaction to any server connection
+    # Django leaves server-side prepared statements off by default; the worker repeats
+    # a handful of statements thousands of times, so it prepares them unless told not to.
+    return options.get("prepare_threshold", 5)
+
+
+def keepalives(lease: float) -> dict[str, int]:
+    """libpq settings that make a silently dead TCP link fail within about one lease."""
+    return {
+        "keepalives": 1,
+        "keepalives_idle": max(1, round(lease / 3)),
+        "keepalives_interval": max(1, round(lease / 10)),
+        "keepalives_count": 3,
+        # Unacknowledged data (a statement sent into a partition) gives up after a lease.
+        "tcp_user_timeout": max(1000, round(lease * 1000)),
+        "connect_timeout": max(2, round(lease / 3)),
+    }
 
 
 def connect(using: str, purpose: str) -> psycopg.Connection[Any]:
-    """Open an autocommit psycopg connection to the queue database."""
+    """Open an autocommit psycopg connection to the queue database, leaving no session state behind."""
     wrapper = connections[using]
     params = wrapper.get_connection_params()
     for key in ("cursor_factory", "context", "server_side_binding"):
         params.pop(key, None)
-    if "prepare_threshold" not in wrapper.settings_dict.get("OPTIONS", {}):
-        # Django leaves server-side prepared statements off by default; the worker
-        # repeats a handful of statements thousands of times, so it prepares them
-        # (set OPTIONS["prepare_threshold"] = None to opt out, e.g. behind PgBouncer).
-        params["prepare_threshold"] = 5
+    params["prepare_threshold"] = _prepare_threshold(using)
+    for key, value in keepalives(float(conf.get("LEASE_SECONDS"))).items():
+        params.setdefault(key, value)  # the project's OPTIONS win
     params.setdefault("application_name", f"axa_django {purpose}")
-    conn = psycopg.connect(autocommit=True, **params)
-    # Claims and outcomes need not wait for the WAL flush: if PostgreSQL itself
-    # crashes, a lost claim or outcome only means the job runs again, which
-    # at-least-once delivery allows. Enqueues keep the caller's durability.
-    conn.execute("SET synchronous_commit = off")
-    return conn
+    return psycopg.connect(autocommit=True, **params)
 
 
 def task_backend_aliases() -> list[str]:
@@ -71,6 +106,10 @@ def task_backend_aliases() -> list[str]:
 
 class NotMigrated(RuntimeError):
     """The database has no queue tables yet."""
+
+
+class PoolerMisconfigured(ImproperlyConfigured):
+    """The database is reached through a transaction pooler the worker is not configured for."""
 
 
 class Worker:
@@ -111,12 +150,19 @@ class Worker:
         self.install_signals = install_signals
         self.lease = float(conf.get("LEASE_SECONDS"))
         self.stale_minutes = int(conf.get("STALE_MINUTES"))
-        self.notify = bool(conf.get("NOTIFY"))
+        self.pooling = bool(conf.get("TRANSACTION_POOLING"))
+        self.notify = bool(conf.get("NOTIFY")) and not self.pooling
         self.processed = 0
 
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._aborting = threading.Event()
+        self._done = threading.Event()  # set when the worker is gone: the heartbeat stops
+        self._listening = threading.Event()
+        self._probe_seen = threading.Event()
+        self._probe = f"probe:{self.id}"
+        self._fatal: str | None = None
+        self._failing_since: float | None = None
         self._work: queue_module.SimpleQueue[Claimed | None] = queue_module.SimpleQueue()
         self._outcomes: queue_module.SimpleQueue[Outcome | None] = queue_module.SimpleQueue()
         self._lock = threading.Lock()
@@ -138,6 +184,13 @@ class Worker:
         """Stop now: give in-progress jobs back to the queue; run() returns 1."""
         self._aborting.set()
         self.stop()
+
+    def _die(self, what: str) -> None:
+        """One of the worker's own threads is gone: stop everything, exit 1."""
+        if self._fatal is None:
+            self._fatal = what
+        self._done.set()  # stop heartbeating at once: the lease rescues our jobs
+        self.abort()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signals += 1
@@ -185,17 +238,28 @@ class Worker:
             settings.get("HOST") or "local",
         )
         self._check_tables()
+        self._check_pooler()
         self._register()
+        self._spawn(self._heartbeat_loop, "axa-heartbeat")
         self._rescue()
         self._start_threads()
+        if self.notify:
+            self._check_notify()
+        try:
+            self._dispatch(names)
+        except BaseException:
+            logger.critical("the dispatcher failed; stopping the worker", exc_info=True)
+            self._die("dispatcher")
+        return self._shutdown()
+
+    def _dispatch(self, names: list[str]) -> None:
         next_housekeeping = 0.0
         claimed_total = 0
         backlog = False
         while not self._stopping.is_set():
             now = time.monotonic()
             if now >= next_housekeeping:
-                self._housekeep()
-                next_housekeeping = now + self._housekeeping_interval()
+                next_housekeeping = now + self._housekeep()
             if self.max_jobs is not None and claimed_total >= self.max_jobs and not self._in_flight:
                 break
             idle = self._idle(claimed_total)
@@ -227,7 +291,6 @@ class Worker:
                     continue
                 if not jobs:
                     self._wait(min(self._next_run(names), next_housekeeping - time.monotonic()))
-        return self._shutdown()
 
     def _idle(self, claimed_total: int) -> int:
         idle = self.concurrency - len(self._in_flight)
@@ -267,22 +330,45 @@ class Worker:
                 delay = min(delay * 2, _RECONNECT_MAX)
         return None
 
-    def _execute(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]] | None:
-        """Run one dispatcher statement; on a connection failure log, reconnect, return None."""
+    def _execute(self, query: str, params: dict[str, Any], *, bounded: bool = False) -> list[tuple[Any, ...]] | None:
+        """Run one dispatcher statement; on failure log, back off, return None.
+
+        ``bounded`` runs it under a statement and lock timeout (housekeeping). A
+        connection failure reconnects; any other database error is logged, and if
+        the dispatcher's statements keep failing for a lease the worker stops (exit 1).
+        """
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = self._reconnect_until_ready("dispatcher")
                 if self._conn is None:
                     return None
-            with self._conn.cursor() as cursor:
+            with contextlib.ExitStack() as stack:
+                if bounded:
+                    stack.enter_context(self._conn.transaction())
+                cursor = stack.enter_context(self._conn.cursor())
+                if bounded:
+                    cursor.execute(sql.TIMEOUTS, {"statement": _STATEMENT_TIMEOUT, "lock": _LOCK_TIMEOUT})
                 cursor.execute(query, params)
-                return cursor.fetchall() if cursor.description else []
+                rows = cursor.fetchall() if cursor.description else []
         except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+            if isinstance(error, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
+                logger.warning("dispatcher statement cut short (%s); trying again later", error)
+                return None
             logger.warning("dispatcher lost the database (%s); reconnecting", error)
             self._close(self._conn)
             self._conn = None
             self._aborting.wait(0.2)
             return None
+        except psycopg.Error as error:
+            now = time.monotonic()
+            self._failing_since = self._failing_since or now
+            logger.error("dispatcher statement failed (%s: %s); trying again shortly", type(error).__name__, error)
+            if now - self._failing_since > self.lease:
+                raise RuntimeError(f"the dispatcher's statements have failed for over {self.lease:g}s") from error
+            self._aborting.wait(min(1.0, self.poll_interval))
+            return None
+        self._failing_since = None
+        return rows
 
     def _check_tables(self) -> None:
         rows = self._execute("SELECT to_regclass('axa_queue') IS NULL OR to_regclass('axa_worker') IS NULL", {})
@@ -291,47 +377,114 @@ class Worker:
             name = connections[self.using].settings_dict.get("NAME")
             raise NotMigrated(f"the queue tables do not exist in database {name!r}: run python manage.py migrate first")
 
-    def _register(self) -> None:
-        self._execute(
-            sql.REGISTER,
-            {
-                "worker": self.id,
-                "hostname": socket.gethostname(),
-                "pid": os.getpid(),
-                "concurrency": self.concurrency,
-                "queues": json.dumps(self.queues or []),
-            },
+    def _check_pooler(self) -> None:
+        """Refuse, or fall back from, what a transaction pooler (PgBouncer) breaks.
+
+        Two connections of one process served by the same server backend can only
+        mean a pooler handing out backends per transaction: prepared statements and
+        LISTEN then land on whichever backend the pooler picked.
+        """
+        if self.pooling:
+            return
+        try:
+            probe = connect(self.using, "probe")
+        except psycopg.OperationalError:
+            return
+        shared = False
+        try:
+            for _ in range(3):
+                mine = self._execute("SELECT pg_backend_pid()", {})
+                theirs = probe.execute("SELECT pg_backend_pid()").fetchone()
+                if mine and theirs and mine[0][0] == theirs[0]:
+                    shared = True
+                    break
+        except psycopg.Error:
+            pass
+        finally:
+            self._close(probe)
+        if not shared:
+            return
+        alias = self.using
+        if _prepare_threshold(alias) is not None:
+            self._close(self._conn)
+            raise PoolerMisconfigured(
+                f"database {alias!r} is reached through a pooler in transaction mode (PgBouncer's pool_mode = "
+                "transaction): two of this worker's connections were served by one PostgreSQL backend. There the "
+                "worker's prepared statements fail and jobs run twice, so it stops before claiming any. Set "
+                "AXA_DJANGO['TRANSACTION_POOLING'] = True (no prepared statements, no LISTEN), or connect the "
+                "worker to PostgreSQL directly or through a session-mode pool."
+            )
+        if self.notify:
+            logger.warning(
+                "database %r is reached through a pooler in transaction mode (PgBouncer?), where LISTEN/NOTIFY "
+                "does not work: polling every %.1fs instead. Set AXA_DJANGO['TRANSACTION_POOLING'] = True "
+                "(or 'NOTIFY': False) to say so and silence this warning.",
+                alias,
+                self.poll_interval,
+            )
+            self.notify = False
+
+    def _check_notify(self) -> None:
+        """Send ourselves a notification; if the listener never hears it, poll instead."""
+        if not self._listening.wait(_NOTIFY_PROBE_SECONDS):
+            return  # the listener is still connecting; it wakes us once it listens
+        self._execute("SELECT pg_notify(%(channel)s, %(payload)s)", {"channel": CHANNEL, "payload": self._probe})
+        if self._probe_seen.wait(_NOTIFY_PROBE_SECONDS):
+            return
+        logger.warning(
+            "the listener did not receive this worker's own NOTIFY within %.0fs: LISTEN/NOTIFY does not reach this "
+            "worker (PgBouncer in transaction mode?). Polling every %.1fs instead; set AXA_DJANGO['NOTIFY'] = "
+            "False, or 'TRANSACTION_POOLING': True behind a transaction pooler.",
+            _NOTIFY_PROBE_SECONDS,
+            self.poll_interval,
         )
+        self.notify = False
+
+    def _register(self) -> None:
+        self._execute(sql.REGISTER, self._registration())
+
+    def _registration(self) -> dict[str, Any]:
+        return {
+            "worker": self.id,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "concurrency": self.concurrency,
+            "queues": json.dumps(self.queues or []),
+        }
 
     def _rescue(self) -> None:
-        rows = self._execute(sql.RESCUE, {"lease": self.lease, "stale": self.stale_minutes})
+        params = {"lease": self.lease, "stale": self.stale_minutes, "max_attempts": int(conf.get("MAX_ATTEMPTS"))}
+        rows = self._execute(sql.RESCUE, params, bounded=True)
         if rows:
-            logger.warning("requeued %d job(s) whose worker stopped", len(rows))
+            failed = sum(1 for _, status in rows if status == "failed")
+            logger.warning(
+                "requeued %d job(s) whose worker stopped; %d more had no attempts left and failed",
+                len(rows) - failed,
+                failed,
+            )
+        rows = self._execute(sql.FAIL_NEVER_DUE, {}, bounded=True)
+        if rows:
+            logger.warning("failed %d job(s) whose run_at was 'infinity'", len(rows))
 
-    def _housekeep(self) -> None:
-        rows = self._execute(sql.HEARTBEAT, {"worker": self.id})
-        if not rows:
-            return
-        alive, cancelled = rows[0]
-        if not alive:
-            # Our row was taken for dead (we were cut off past the lease): rejoin.
-            logger.warning("worker %s was presumed dead; registering again", self.id)
-            self._register()
-        with self._lock:
-            for job_id in cancelled:
-                job = self._in_flight.get(job_id)
-                if job is not None and job.context is not None:
-                    job.context.cancel()
+    def _housekeep(self) -> float:
+        """Rescue, then periodic jobs and pruning; return seconds until the next housekeeping."""
+        interval = self._housekeeping_interval()
         self._rescue()
-        housekeeping.run(self)
+        soonest = housekeeping.run(self)
+        if soonest is not None:
+            interval = max(0.0, min(interval, soonest))
+        return interval
 
     def _claim(self, names: list[str], limit: int) -> list[Claimed] | None:
         if not names and not self.backends:
             return []
-        rows = self._execute(self._fixed(sql.CLAIM, names), {"worker": self.id, "limit": limit})
+        rows = self._execute(self._composed(sql.CLAIM, names), {"worker": self.id, "limit": limit})
         if rows is None:
             return None
-        jobs = [Claimed(*row) for row in rows]
+        jobs = [
+            Claimed(job_id, name, None, attempt, max_attempts, backend, args_json=args)
+            for job_id, name, args, attempt, max_attempts, backend, _ in rows
+        ]
         with self._lock:
             for job in jobs:
                 function = registry.get(job.name) if job.backend is None else None
@@ -341,25 +494,19 @@ class Worker:
                 self._in_flight[job.id] = job
         return jobs
 
-    def _fixed(self, template: str, names: list[str]) -> str:
-        """``template`` with this worker's names, backends and queues written in as literals.
-
-        They do not change while the worker runs; sent as parameters, psycopg adapted
-        the same arrays on every claim (measured: 5,200 -> 8,000 no-op jobs/s per process).
-        """
+    def _composed(self, template: str, names: list[str]) -> str:
+        # Names, backends and queues do not change while the worker runs; sent as
+        # parameters, psycopg adapted the same arrays on every claim (measured:
+        # 5,200 -> 8,000 no-op jobs/s per process), so they are written in once.
         key = (template, tuple(names))
         if key not in self._statements:
-            text = template.format(queues=sql.CLAIM_QUEUES if self.queues else "")
-            for name, value in (("names", names), ("backends", self.backends), ("queues", self.queues or [])):
-                literal = psycopg.sql.Literal(value).as_string(None).replace("%", "%%")  # stays text, not a placeholder
-                text = text.replace(f"%({name})s", literal)
-            self._statements[key] = text
+            self._statements[key] = sql.compose(template, names, self.backends, self.queues)
         return self._statements[key]
 
     def _next_run(self, names: list[str]) -> float:
         if not names and not self.backends:
             return self.poll_interval
-        rows = self._execute(self._fixed(sql.NEXT_RUN, names), {})
+        rows = self._execute(self._composed(sql.NEXT_RUN, names), {})
         if not rows or rows[0][0] is None:
             return self.poll_interval
         return float(rows[0][0])
@@ -374,34 +521,89 @@ class Worker:
             self._spawn(self._listen_loop, "axa-listener")
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
-        thread = threading.Thread(target=target, name=name, daemon=True)
+        def guarded() -> None:
+            try:
+                target()
+            except BaseException:
+                logger.critical("worker thread %s died; stopping the worker (exit 1)", name, exc_info=True)
+                self._die(name)
+
+        thread = threading.Thread(target=guarded, name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
 
     def _job_loop(self) -> None:
         try:
             while (job := self._work.get()) is not None:
-                runner, resolve = None, None
-                if job.backend is not None:  # a django.tasks row
-                    from .taskrunner import resolver
-
-                    runner, resolve = resolver(job)
-                function = registry.get(job.name) if runner is None else None
-                job_started.send(sender=function, job_id=job.id, name=job.name, attempt=job.attempt)
-                outcome = perform(job, self.id, resolve)
-                tidy_connections()
+                runner, function = None, None
+                try:
+                    runner, function, outcome = self._perform(job)
+                except BaseException as error:
+                    logger.exception("running job %s %s failed outside the job", job.name, job.id)
+                    outcome = failure(job, None, error, self.id)
                 with self._lock:
                     self._unwritten += 1
                 self._outcomes.put(outcome)
-                send_finished(function, outcome)
-                if runner is not None:
-                    runner.finished(outcome)
+                try:
+                    send_finished(function, outcome, robust=True)
+                    if runner is not None:
+                        runner.finished(outcome)
+                except Exception:
+                    logger.exception("a finished signal of job %s %s raised", job.name, job.id)
                 with self._lock:
                     self._in_flight.pop(job.id, None)
                     self.processed += 1
                 self._wake.set()
         finally:
             connections.close_all()
+
+    def _perform(self, job: Claimed) -> tuple[Any, Any, Outcome]:
+        runner, resolve = None, None
+        if job.backend is not None:  # a django.tasks row; taskrunner imports django.tasks (Django >= 6)
+            from .taskrunner import resolver
+
+            runner, resolve = resolver(job)
+        function = registry.get(job.name) if runner is None else None
+        responses = job_started.send_robust(sender=function, job_id=job.id, name=job.name, attempt=job.attempt)
+        log_receiver_errors("job_started", responses)
+        outcome = perform(job, self.id, resolve)
+        aliases = release_connections()
+        if aliases:
+            outcome = leaked(job, runner or function, outcome, aliases, self.id)
+        return runner, function, outcome
+
+    def _heartbeat_loop(self) -> None:
+        """Refresh this worker's lease every lease/3 on a connection of its own, whatever else is busy."""
+        conn: psycopg.Connection[Any] | None = None
+        interval = self._housekeeping_interval()
+        timeout = f"{max(100, round(interval * 1000))}ms"
+        while not self._done.wait(interval):
+            try:
+                if conn is None or conn.closed:
+                    conn = connect(self.using, "heartbeat")
+                with conn.transaction(), conn.cursor() as cursor:
+                    cursor.execute(sql.TIMEOUTS, {"statement": timeout, "lock": timeout})
+                    cursor.execute(sql.HEARTBEAT, {"worker": self.id})
+                    alive, cancelled, _ = cursor.fetchone() or (1, [], None)
+                    if not alive:
+                        # Our row was taken for dead (we were cut off past the lease): rejoin.
+                        logger.warning("worker %s was presumed dead; registering again", self.id)
+                        cursor.execute(sql.REGISTER, self._registration())
+            except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+                if not isinstance(error, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
+                    self._close(conn)
+                    conn = None
+                logger.warning("heartbeat failed (%s); trying again in %.1fs", error, interval)
+                continue
+            except psycopg.Error as error:
+                logger.error("heartbeat failed (%s: %s); trying again in %.1fs", type(error).__name__, error, interval)
+                continue
+            with self._lock:
+                for job_id in cancelled:
+                    job = self._in_flight.get(job_id)
+                    if job is not None and job.context is not None:
+                        job.context.cancel()
+        self._close(conn)
 
     def _finish_loop(self) -> None:
         conn: psycopg.Connection[Any] | None = None
@@ -425,23 +627,7 @@ class Worker:
                     done = True
                     break
                 batch.append(item)
-            delay = 0.1
-            while True:
-                try:
-                    if conn is None or conn.closed:
-                        conn = connect(self.using, "finisher")
-                    with conn.cursor() as cursor:
-                        written = finish(cursor, batch, self.id)
-                    break
-                except (psycopg.OperationalError, psycopg.InterfaceError) as error:
-                    if self._aborting.is_set():
-                        written = set()
-                        break
-                    logger.warning("cannot write %d outcome(s) (%s); retrying in %.1fs", len(batch), error, delay)
-                    self._close(conn)
-                    conn = None
-                    self._aborting.wait(delay)
-                    delay = min(delay * 2, _RECONNECT_MAX)
+            conn, written = self._write(conn, batch)
             for outcome in batch:
                 if outcome.id not in written and not self._aborting.is_set():
                     logger.warning(
@@ -454,20 +640,56 @@ class Worker:
             self._wake.set()
         self._close(conn)
 
+    def _write(
+        self, conn: psycopg.Connection[Any] | None, batch: list[Outcome]
+    ) -> tuple[psycopg.Connection[Any] | None, set[uuid.UUID]]:
+        """Write a batch of outcomes, through outages; an outcome the database refuses is written as a failure."""
+        delay = 0.1
+        while True:
+            try:
+                if conn is None or conn.closed:
+                    conn = connect(self.using, "finisher")
+                try:
+                    with conn.cursor() as cursor:
+                        return conn, finish(cursor, batch, self.id)
+                except (psycopg.OperationalError, psycopg.InterfaceError):
+                    raise
+                except psycopg.Error as error:
+                    if len(batch) > 1:  # find the one the database refuses; write the others as they are
+                        written: set[uuid.UUID] = set()
+                        for outcome in batch:
+                            conn, ids = self._write(conn, [outcome])
+                            written |= ids
+                        return conn, written
+                    with conn.cursor() as cursor:
+                        return conn, finish(cursor, [unstorable(batch[0], error)], self.id)
+            except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+                if self._aborting.is_set():
+                    return conn, set()
+                logger.warning("cannot write %d outcome(s) (%s); retrying in %.1fs", len(batch), error, delay)
+                self._close(conn)
+                conn = None
+                self._aborting.wait(delay)
+                delay = min(delay * 2, _RECONNECT_MAX)
+
     def _listen_loop(self) -> None:
         conn: psycopg.Connection[Any] | None = None
         delay = 0.1
-        while not self._stopping.is_set():
+        while not self._stopping.is_set() and self.notify:
             try:
                 if conn is None or conn.closed:
                     conn = connect(self.using, "listener")
                     conn.execute(f"LISTEN {CHANNEL}")
                     conn.execute(f"LISTEN {housekeeping.CANCEL_CHANNEL}")
+                    self._listening.set()
                     self._wake.set()  # anything enqueued while we were deaf
                     delay = 0.1
                 for note in conn.notifies(timeout=0.5):
                     if self._stopping.is_set():
                         break  # shutdown sends a notification to get us here at once
+                    if note.payload == self._probe:
+                        self._probe_seen.set()
+                        continue
                     if note.channel == housekeeping.CANCEL_CHANNEL:
                         housekeeping.relay_cancel(self, note.payload)
                     self._wake.set()
@@ -495,9 +717,7 @@ class Worker:
             self._wake.clear()
             if self._in_flight:
                 self._wake.wait(0.1 if remaining is None else min(0.1, remaining))
-        code = 0
         if self._aborting.is_set():
-            code = 1
             with self._lock:
                 ids = list(self._in_flight)
             if ids:
@@ -505,7 +725,7 @@ class Worker:
                 logger.warning("gave %d job(s) back to the queue", len(ids))
         else:
             # Every job has finished; wait for the finisher to write their outcomes.
-            while self._unwritten:
+            while self._unwritten and self._fatal is None:
                 self._wake.clear()
                 if self._unwritten:
                     self._wake.wait(0.1)
@@ -513,15 +733,37 @@ class Worker:
         if self.notify:
             self._execute(sql.WAKE, {})  # lets the listener see that we stop
         for thread in self._threads:
-            if thread.name in ("axa-finisher", "axa-listener") or not self._aborting.is_set():
+            waits = thread.name in ("axa-finisher", "axa-listener") or not self._aborting.is_set()
+            if waits and thread.name != "axa-heartbeat":
                 thread.join(timeout=None if not self._aborting.is_set() else 5)
         self._execute(sql.UNREGISTER, {"worker": self.id})
+        self._done.set()
         self._close(self._conn)
+        if self._fatal is not None:
+            logger.critical("worker %s stopped because its %s thread died", self.id, self._fatal)
+            return 1
         logger.info("worker %s stopped after %d job(s)", self.id, self.processed)
-        return code
+        return 1 if self._aborting.is_set() else 0
 
     @staticmethod
     def _close(conn: psycopg.Connection[Any] | None) -> None:
         if conn is not None:
             with contextlib.suppress(psycopg.Error):
                 conn.close()
+
+
+def unstorable(outcome: Outcome, error: psycopg.Error) -> Outcome:
+    """``outcome`` stripped to what can always be stored, saying why the rest was not."""
+    reason = storable(f"{type(error).__name__}: {error}")
+    text = f"the outcome of this attempt ({outcome.status}) could not be stored: {reason}"
+    entry = json.dumps(
+        {
+            "attempt": outcome.attempt,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "type": "axa_django.execution.UnstorableOutcome",
+            "message": text,
+            "traceback": "",
+        }
+    )
+    status = "failed" if outcome.status == "completed" else outcome.status
+    return Outcome(outcome.id, outcome.name, outcome.attempt, status, error=text, entry=entry, delay=outcome.delay)

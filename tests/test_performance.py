@@ -36,19 +36,15 @@ def fill(finished: int, foreign: int) -> None:
 def test_the_claim_uses_the_claim_index_not_a_scan():
     fill(finished=20_000, foreign=5_000)
     jobs.count.perform_later(fail=False)
-    plan = explain(
-        sql.CLAIM.format(queues=""),
-        {"worker": None, "names": ["CountWorker"], "backends": [], "limit": 4, "queues": None},
-    )
+    plan = explain(sql.compose(sql.CLAIM, ["CountWorker"], [], None), {"worker": None, "limit": 4})
     assert "axa_queue_claim" in plan, plan
     assert "Seq Scan on axa_queue" not in plan, plan
 
 
-def test_the_claim_with_queues_still_uses_the_claim_index():
+def test_the_claim_with_queues_uses_the_per_queue_claim_index():
     fill(finished=20_000, foreign=5_000)
-    query = sql.CLAIM.format(queues=sql.CLAIM_QUEUES)
-    plan = explain(query, {"worker": None, "names": ["CountWorker"], "backends": [], "limit": 4, "queues": ["default"]})
-    assert "axa_queue_claim" in plan and "Seq Scan on axa_queue" not in plan, plan
+    plan = explain(sql.compose(sql.CLAIM, ["CountWorker"], [], ["default"]), {"worker": None, "limit": 4})
+    assert "axa_queue_claim_queue" in plan and "Seq Scan on axa_queue" not in plan, plan
 
 
 def test_the_seeds_ready_index_serves_the_oldest_ready_job():
@@ -108,7 +104,7 @@ def test_a_delayed_job_runs_when_due_not_at_the_next_poll(workers):
     assert proc.wait(timeout=30) == 0
 
 
-def test_a_worker_process_holds_three_connections_plus_those_its_jobs_use(workers):
+def test_a_worker_process_holds_four_connections_plus_those_its_jobs_use(workers):
     proc = workers.start("--concurrency", "8")
     no_notify = workers.start("--concurrency", "8", env=workers.env(AXA_TEST_NOTIFY="0"))
 
@@ -121,8 +117,10 @@ def test_a_worker_process_holds_three_connections_plus_those_its_jobs_use(worker
             )
             return sorted(row[0] for row in cursor.fetchall())
 
-    wait_for(lambda: len(names()) == 5, what="worker connections")
-    assert names() == ["axa_django dispatcher"] * 2 + ["axa_django finisher"] * 2 + ["axa_django listener"]
+    wait_for(lambda: len(names()) == 7, what="worker connections")
+    assert names() == (
+        ["axa_django dispatcher"] * 2 + ["axa_django finisher"] * 2 + ["axa_django heartbeat"] * 2 + ["axa_django listener"]
+    )
     for p in (proc, no_notify):
         p.terminate()
         assert p.wait(timeout=30) == 0

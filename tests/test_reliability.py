@@ -41,7 +41,8 @@ def count_where(**filters) -> int:
 
 
 def test_a_killed_workers_job_runs_again_elsewhere_within_two_leases(workers, log_file):
-    job = jobs.slow.perform_later(60, log=log_file, token="long")
+    # A lost worker costs the job its attempt: it needs a second one to run again.
+    job = jobs.slow.using(max_attempts=2).perform_later(60, log=log_file, token="long")
     first = workers.start("--concurrency", "1")
     wait_for(lambda: any(line.startswith("start long") for line in lines(log_file)), what="first run")
     first.send_signal(signal.SIGKILL)
@@ -142,7 +143,9 @@ def test_workers_ride_out_a_postgres_restart_mid_drain(workers, log_file):
 
 def test_chaos_kill_a_random_worker_every_second(workers, log_file):
     total, concurrency = 5000, "4"
-    jobs.trace.perform_later_many([{"token": str(i), "log": log_file, "seconds": 0.02} for i in range(total)])
+    # Every kill costs the jobs in flight an attempt; give them plenty.
+    chaos = jobs.trace.using(max_attempts=50)
+    chaos.perform_later_many([{"token": str(i), "log": log_file, "seconds": 0.02} for i in range(total)])
     live = [workers.start("--concurrency", concurrency) for _ in range(3)]
     killed: set[int] = set()
     rng = random.Random(7)
