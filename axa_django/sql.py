@@ -10,6 +10,7 @@ is left on a connection a pooler may hand to someone else.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import psycopg.sql
 
@@ -25,31 +26,31 @@ UPDATE axa_queue q
 SET status = 'running', started_at = now(), updated_at = now(),
     attempts = LEAST(q.attempts, 2147483646) + 1, worker_id = %(worker)s, cancel_requested = false
 WHERE q.id = ANY(ARRAY(
-    SELECT c.id FROM (
-        SELECT c.id, c.priority, c.run_at FROM {name_walk}
-        CROSS JOIN LATERAL (
-            SELECT id, priority, run_at FROM axa_queue
-            WHERE status = 'queued' AND name = n.name AND backend IS NULL AND run_at <= now() {queue_match}
-            ORDER BY priority DESC, run_at
-            LIMIT %(limit)s
-            FOR UPDATE SKIP LOCKED
-        ) AS c
-        UNION ALL
-        SELECT t.id, t.priority, t.run_at FROM {backend_walk}
-        CROSS JOIN LATERAL (
-            SELECT id, priority, run_at FROM axa_queue
-            WHERE status = 'queued' AND backend = b.backend AND run_at <= now() {queue_match}
-            ORDER BY priority DESC, run_at
-            LIMIT %(limit)s
-            FOR UPDATE SKIP LOCKED
-        ) AS t
-    ) AS c
+    SELECT c.id FROM ({walks}) AS c
     ORDER BY c.priority DESC, c.run_at
     LIMIT %(limit)s
 )) AND q.status = 'queued'
 RETURNING q.id, q.name, q.args::text, q.attempts, q.max_attempts, q.backend,
     set_config('synchronous_commit', 'off', true)
 """
+_NAME_WALK = """
+    SELECT c.id, c.priority, c.run_at FROM unnest({names}::text[]) AS n(name)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM axa_queue
+        WHERE status = 'queued' AND name = n.name AND backend IS NULL AND run_at <= now() {queue}
+        ORDER BY priority DESC, run_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c"""
+_BACKEND_WALK = """
+    SELECT t.id, t.priority, t.run_at FROM unnest({backends}::text[]) AS b(backend)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM axa_queue
+        WHERE status = 'queued' AND backend = b.backend AND run_at <= now() {queue}
+        ORDER BY priority DESC, run_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS t"""
 
 # Seconds until the earliest future job this worker could run, or NULL; capped at a
 # day so that a row with run_at = 'infinity' cannot make an infinite wait.
@@ -59,34 +60,26 @@ WHERE status = 'queued' AND run_at > now() {queue_filter}
   AND ((backend IS NULL AND name = ANY({names}::text[])) OR backend = ANY({backends}::text[]))
 """
 
-_WALKS = {
-    False: {
-        "name_walk": "unnest({names}::text[]) AS n(name)",
-        "backend_walk": "unnest({backends}::text[]) AS b(backend)",
-        "queue_match": "",
-        "queue_filter": "",
-    },
-    True: {
-        "name_walk": "unnest({names}::text[]) AS n(name) CROSS JOIN unnest({queues}::text[]) AS u(queue)",
-        "backend_walk": "unnest({backends}::text[]) AS b(backend) CROSS JOIN unnest({queues}::text[]) AS u(queue)",
-        "queue_match": "AND queue = u.queue",
-        "queue_filter": "AND queue = ANY({queues}::text[])",
-    },
-}
-_SLOT = re.compile(r"\{(names|backends|queues)\}")
+_SLOT = re.compile(r"\{(names|backends|queue_\d+|queues)\}")
 
 
 def compose(template: str, names: list[str], backends: list[str], queues: list[str] | None) -> str:
     """``template`` with the worker's fixed names, backends and queues written in as literals.
 
-    One pass over the text: a value is never scanned again, so a name such as
+    A --queue worker walks each of its queues apart, its name written in, so that the
+    planner sees how few rows that queue holds and takes the per-queue index. One
+    pass over the text: a value is never scanned again, so a name such as
     ``%(queues)s`` or ``{names}`` stays data. ``%`` is doubled so that psycopg leaves
     it alone while binding the statement's own parameters.
     """
-    text = template
-    for slot, piece in _WALKS[bool(queues)].items():
-        text = text.replace("{" + slot + "}", piece)
-    values = {"names": names, "backends": backends, "queues": queues or []}
+    values: dict[str, Any] = {"names": names, "backends": backends, "queues": queues or []}
+    filters = [""]
+    if queues:
+        filters = [f"AND queue = {{queue_{index}}}" for index in range(len(queues))]
+        values.update({f"queue_{index}": queue for index, queue in enumerate(queues)})
+    walks = [walk.replace("{queue}", f) for walk in (_NAME_WALK, _BACKEND_WALK) for f in filters]
+    text = template.replace("{walks}", "\n    UNION ALL".join(walks))
+    text = text.replace("{queue_filter}", "AND queue = ANY({queues}::text[])" if queues else "")
 
     def literal(match: re.Match[str]) -> str:
         return psycopg.sql.Literal(values[match.group(1)]).as_string(None).replace("%", "%%")

@@ -119,7 +119,10 @@ def test_a_worker_process_holds_four_connections_plus_those_its_jobs_use(workers
 
     wait_for(lambda: len(names()) == 7, what="worker connections")
     assert names() == (
-        ["axa_django dispatcher"] * 2 + ["axa_django finisher"] * 2 + ["axa_django heartbeat"] * 2 + ["axa_django listener"]
+        ["axa_django dispatcher"] * 2
+        + ["axa_django finisher"] * 2
+        + ["axa_django heartbeat"] * 2
+        + ["axa_django listener"]
     )
     for p in (proc, no_notify):
         p.terminate()

@@ -1,3 +1,114 @@
-"""Jobs for the hostile tests."""
+"""Jobs that behave as no job should: what the worker must survive (tests/test_hardening.py)."""
 
-from axa_django import background_job  # noqa: F401
+import asyncio
+import ctypes
+import os
+import threading
+import time
+
+from django.db import connection, transaction
+from django.dispatch import receiver
+
+from axa_django import background_job
+from axa_django.signals import job_enqueued
+
+
+class Custom(BaseException):
+    """A BaseException that is none of Python's own."""
+
+
+_KINDS = {
+    "KeyboardInterrupt": KeyboardInterrupt,
+    "GeneratorExit": GeneratorExit,
+    "SystemExit": SystemExit,
+    "Custom": Custom,
+}
+
+
+def _mark(path: str, text: str) -> None:
+    with open(path, "a") as f:
+        f.write(text + "\n")
+
+
+@background_job(max_attempts=2, backoff=0)
+def raise_base(kind: str, log: str) -> None:
+    _mark(log, kind)
+    raise _KINDS[kind]("raised by the job")
+
+
+@background_job(max_attempts=2, backoff=0)
+async def async_raise_base(kind: str, log: str) -> None:
+    _mark(log, kind)
+    await asyncio.sleep(0)
+    raise _KINDS[kind]("raised by the async job")
+
+
+@background_job
+def return_nul() -> str:
+    return "before\x00after"
+
+
+@background_job
+def raise_nul() -> None:
+    raise ValueError("bad \x00 byte and a lone \ud800 surrogate")
+
+
+@background_job
+def leak_transaction(how: str, marker: str) -> str:
+    """Write a marker row in axa_schedule, then return with the transaction left open."""
+    if how == "atomic":
+        transaction.atomic().__enter__()
+    elif how == "autocommit":
+        transaction.set_autocommit(False)
+    with connection.cursor() as cursor:
+        if how == "begin":
+            cursor.execute("BEGIN")
+        cursor.execute("INSERT INTO axa_schedule (name, last_run) VALUES (%s, now())", [marker])
+    return how
+
+
+@background_job
+def write_marker(marker: str) -> str:
+    """Write a marker row in axa_schedule and commit (autocommit)."""
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO axa_schedule (name, last_run) VALUES (%s, now())", [marker])
+    return marker
+
+
+@background_job(max_attempts=3)
+def kill_worker(log: str) -> None:
+    """End the whole worker process at once, as the OOM killer would."""
+    _mark(log, str(os.getpid()))
+    os._exit(9)
+
+
+class ThreadKilled(BaseException):
+    """Injected into one of the worker's own threads."""
+
+
+@background_job
+def kill_thread(name: str) -> str:
+    """Raise ThreadKilled inside the worker thread called ``name`` (MainThread: the dispatcher)."""
+    target = next(t for t in threading.enumerate() if t.name == name)
+    hit = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(target.ident), ctypes.py_object(ThreadKilled))
+    return f"{name}: {hit}"
+
+
+# Names that look like SQL or format strings stay data in the worker's statements.
+for _name in ("%(queues)s", "{names}", "'; DROP TABLE axa_queue; --", "%s %% %(limit)s"):
+    background_job(name=_name)(lambda: "ran")
+
+
+if os.environ.get("AXA_TEST_SLOW_HOUSEKEEPING"):
+    _slowed = threading.Event()
+
+    @background_job(name="tests.slow_housekeeping", cron="* * * * * *")
+    def slow_housekeeping() -> str:
+        return "tick"
+
+    @receiver(job_enqueued)
+    def _stall(sender, job, **kwargs) -> None:
+        """The first periodic enqueue holds the dispatcher for 3 leases, as a slow receiver would."""
+        if job.name == "tests.slow_housekeeping" and not _slowed.is_set():
+            _slowed.set()
+            time.sleep(3 * float(os.environ.get("AXA_TEST_LEASE", "3")) + 1)

@@ -1,0 +1,349 @@
+"""No job, no row and no thread's death may stop a worker or lose work (issue: hardening)."""
+
+import json
+import os
+import signal
+import socket
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.db import connection, connections
+
+from axa_django import Job, conf, enqueue, sql
+from axa_django.worker import Worker, connect, keepalives
+from tests.conftest import wait_for
+from tests.testapp import hostile_jobs, jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def lease() -> float:
+    return float(conf.get("LEASE_SECONDS"))
+
+
+def fresh(job: Job) -> Job:
+    return Job.objects.get(pk=job.pk)
+
+
+def lines(path: str) -> list[str]:
+    return Path(path).read_text().splitlines()
+
+
+def burst(workers, *args: str, timeout: float = 60) -> tuple[int, str]:
+    proc = workers.start("--burst", *args)
+    code = proc.wait(timeout=timeout)
+    return code, proc.stdout.read()
+
+
+def insert_row(name: str, args_json: str, **columns: str) -> str:
+    """A row written by SQL, with values the ORM would never write."""
+    names = ", ".join(["id", "name", "args", *columns])
+    values = ", ".join(["gen_random_uuid()", "%s", "%s::jsonb", *(f"{v}" for v in columns.values())])
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO axa_queue ({names}) VALUES ({values}) RETURNING id", [name, args_json])
+        return cursor.fetchone()[0]
+
+
+# -- 1.1 any BaseException from a job ----------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["KeyboardInterrupt", "GeneratorExit", "SystemExit", "Custom"])
+@pytest.mark.parametrize(
+    "job_function", [hostile_jobs.raise_base, hostile_jobs.async_raise_base], ids=["sync", "async"]
+)
+def test_a_base_exception_from_a_job_fails_the_attempt_and_the_worker_goes_on(workers, log_file, kind, job_function):
+    if kind == "GeneratorExit" and job_function is hostile_jobs.async_raise_base:
+        pytest.skip("a coroutine cannot raise GeneratorExit to its awaiter")
+    bad = job_function.perform_later(kind, log=log_file)
+    after = jobs.add.perform_later(1, 2)
+    code, output = burst(workers, "--concurrency", "1")
+    assert code == 0, output
+    row = fresh(bad)
+    assert row.status == "failed" and row.attempts == 2, (row.status, row.attempts, output)
+    module = "tests.testapp.hostile_jobs" if kind == "Custom" else "builtins"
+    assert [entry["type"] for entry in row.errors] == [f"{module}.{kind}"] * 2
+    assert "raised by the" in row.errors[0]["message"] and "Traceback" in row.error
+    assert lines(log_file) == [kind, kind]
+    assert fresh(after).status == "completed" and fresh(after).result == 3
+
+
+# -- 1.2 rows the worker cannot decode -------------------------------------------------
+
+
+def test_rows_the_worker_cannot_decode_fail_alone_and_the_worker_keeps_draining(workers):
+    deep = insert_row("tests.testapp.jobs.add", '{"a": ' + "[" * 10_000 + "]" * 10_000 + "}")
+    huge = insert_row("tests.testapp.jobs.add", '{"a": ' + "7" * 5_000 + "}")
+    never = insert_row("tests.testapp.jobs.add", '{"a": 1}', run_at="'infinity'")
+    worn = insert_row("tests.testapp.jobs.add", '{"a": 1}', attempts="2147483647", max_attempts="2147483647")
+    good = jobs.add.perform_later(2, 3)
+    code, output = burst(workers, "--concurrency", "2")
+    assert code == 0, output
+    rows = {row.pk: row for row in Job.objects.defer("args")}  # Python cannot load some of these args
+    assert rows[deep].status == "failed" and "nested too deeply" in rows[deep].error
+    assert rows[huge].status == "failed" and "cannot be decoded" in rows[huge].error
+    assert "digits" in rows[huge].error
+    assert rows[never].status == "failed" and "infinity" in rows[never].error
+    assert rows[never].run_at is not None  # finite again: every reader can load the row
+    assert rows[worn].status == "completed" and rows[worn].attempts == 2147483647
+    assert rows[good.pk].status == "completed" and rows[good.pk].result == 5
+
+
+def test_an_idle_worker_lives_next_to_a_row_due_at_infinity(workers):
+    insert_row("tests.testapp.jobs.add", '{"a": 1}', run_at="'infinity'")
+    proc = workers.start("--concurrency", "1")
+    wait_for(lambda: Job.objects.filter(status="failed").exists(), what="the never-due row failed")
+    job = jobs.add.perform_later(1)
+    wait_for(lambda: fresh(job).status == "completed", what="the next job")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+
+
+# -- 1.3 NUL and surrogates in an outcome ------------------------------------------
+
+
+def test_nul_in_a_result_or_an_error_is_written_and_later_outcomes_keep_flowing(workers):
+    result = hostile_jobs.return_nul.perform_later()
+    error = hostile_jobs.raise_nul.perform_later()
+    after = jobs.add.perform_later_many([{"a": i} for i in range(20)])
+    code, output = burst(workers, "--concurrency", "4")
+    assert code == 0, output
+    row = fresh(result)
+    assert row.status == "failed", (row.status, row.result)
+    assert "NUL" in row.error or "\\u0000" in row.error, row.error
+    row = fresh(error)
+    assert row.status == "failed"
+    assert "bad \\x00 byte" in row.error and "shown as \\x00" in row.error
+    assert "\\ud800" in row.errors[0]["message"]
+    assert Job.objects.filter(pk__in=[j.pk for j in after], status="completed").count() == 20
+
+
+# -- 1.4 a dead internal thread ends the worker ------------------------------------
+
+
+@pytest.mark.parametrize("thread", ["axa-finisher", "axa-listener", "axa-heartbeat", "MainThread"])
+def test_a_dead_worker_thread_ends_the_worker_with_exit_1(workers, thread):
+    hostile_jobs.kill_thread.perform_later(thread)
+    proc = workers.start("--concurrency", "1")
+    code = proc.wait(timeout=60)
+    output = proc.stdout.read()
+    assert code == 1, output
+    assert "ThreadKilled" in output and "stopping the worker" in output, output
+    # Another worker takes over, and the killer job's row does not stay running forever.
+    survivor = workers.start("--concurrency", "1", "--job", "tests.testapp.jobs.add")
+    job = jobs.add.perform_later(4)
+    wait_for(lambda: fresh(job).status == "completed", what="another worker draining")
+    wait_for(
+        lambda: not Job.objects.filter(status="running").exists(), timeout=3 * lease() + 10, what="no row left running"
+    )
+    survivor.send_signal(signal.SIGTERM)
+    assert survivor.wait(timeout=30) == 0
+
+
+# -- 1.5 a leaked transaction ----------------------------------------------------------
+
+
+def markers() -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name FROM axa_schedule WHERE name LIKE 'marker-%%'")
+        return {row[0] for row in cursor.fetchall()}
+
+
+@pytest.mark.parametrize("how", ["begin", "atomic", "autocommit"])
+def test_a_job_that_leaks_a_transaction_fails_and_the_next_job_runs_clean(workers, how):
+    leaky = hostile_jobs.leak_transaction.perform_later(how, f"marker-leak-{how}")
+    after = hostile_jobs.write_marker.perform_later(f"marker-after-{how}")
+    proc = workers.start("--concurrency", "1")  # one thread: the next job gets the same connection
+    wait_for(lambda: fresh(after).status in ("completed", "failed"), what="the job after the leak")
+    row = fresh(leaky)
+    assert row.status == "failed", row.status
+    assert "transaction still open" in row.error and "rolled back" in row.error
+    assert row.errors[0]["type"] == "axa_django.execution.LeakedTransaction"
+    assert fresh(after).status == "completed"
+    # While the worker still runs: the next job's write is committed, the leaked one rolled back.
+    assert markers() == {f"marker-after-{how}"}
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    assert markers() == {f"marker-after-{how}"}
+
+
+# -- 1.6 crash loops ----------------------------------------------------------------
+
+
+def test_a_job_that_kills_its_worker_fails_after_max_attempts(workers, log_file):
+    job = hostile_jobs.kill_worker.perform_later(log_file)  # max_attempts=3
+    for _ in range(6):
+        proc = workers.start("--concurrency", "1")
+        wait_for(
+            lambda p=proc: p.poll() is not None or fresh(job).status == "failed",
+            timeout=3 * lease() + 30,
+            what="the worker to die or the job to fail",
+        )
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+            break
+        assert proc.returncode == 9
+    row = fresh(job)
+    assert row.status == "failed", (row.status, len(lines(log_file)))
+    assert len(lines(log_file)) == 3
+    assert [entry["type"] for entry in row.errors] == ["WorkerLost"] * 3
+    assert "no attempts are left" in row.error
+    # A fourth worker does not run it again.
+    code, _ = burst(workers, "--concurrency", "1")
+    assert code == 0 and len(lines(log_file)) == 3
+
+
+# -- 1.7 the heartbeat waits on nothing else -------------------------------------------
+
+
+def test_housekeeping_that_takes_three_leases_does_not_get_running_jobs_rescued(workers, log_file):
+    job = jobs.slow.perform_later(3 * lease() + 3, log=log_file, token="long")
+    stalled = workers.start("--concurrency", "2", env=workers.env(AXA_TEST_SLOW_HOUSEKEEPING="1"))
+    wait_for(lambda: lines(log_file), what="the long job to start")
+    assert fresh(job).worker_id is not None
+    rescuer = workers.start("--concurrency", "1", "--job", "tests.testapp.jobs.add")
+    wait_for(lambda: Job.objects.filter(name="tests.slow_housekeeping").exists(), what="the stalling enqueue")
+    wait_for(lambda: fresh(job).status != "running", timeout=6 * lease() + 20, what="the long job to end")
+    row = fresh(job)
+    assert row.status == "completed" and row.attempts == 1, (row.status, row.errors)
+    assert row.errors == []
+    assert [line.split()[0] for line in lines(log_file)] == ["start", "end"]
+    for proc in (stalled, rescuer):
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+
+
+def test_a_long_graceful_shutdown_keeps_the_lease(workers, log_file):
+    job = jobs.slow.perform_later(3 * lease(), log=log_file, token="long")
+    proc = workers.start("--concurrency", "1")
+    wait_for(lambda: lines(log_file), what="the long job to start")
+    rescuer = workers.start("--concurrency", "1", "--job", "tests.testapp.jobs.add")
+    proc.send_signal(signal.SIGTERM)  # finishing takes three leases; the heartbeat must go on meanwhile
+    assert proc.wait(timeout=6 * lease() + 20) == 0
+    row = fresh(job)
+    assert row.status == "completed" and row.errors == [], (row.status, row.errors)
+    rescuer.send_signal(signal.SIGTERM)
+    assert rescuer.wait(timeout=30) == 0
+
+
+# -- 1.8 silent partitions: TCP keepalives ---------------------------------------------
+
+
+def test_worker_connections_set_keepalives_and_a_tcp_user_timeout():
+    expected = keepalives(lease())
+    with connect("default", "test") as conn:
+        parameters = conn.info.get_parameters()
+        for key, value in expected.items():
+            assert parameters.get(key) == str(value), (key, parameters)
+        if not parameters.get("host", "/").startswith("/"):
+            sock = socket.socket(fileno=os.dup(conn.fileno()))
+            try:
+                assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == expected["keepalives_idle"]
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == expected["tcp_user_timeout"]
+            finally:
+                sock.detach()
+
+
+def test_the_projects_options_win_over_the_workers_keepalives():
+    options = connections["default"].settings_dict.setdefault("OPTIONS", {})
+    options["keepalives_idle"] = 77
+    try:
+        with connect("default", "test") as conn:
+            assert conn.info.get_parameters()["keepalives_idle"] == "77"
+    finally:
+        del options["keepalives_idle"]
+
+
+# -- 2. names that look like SQL or format strings -------------------------------------
+
+
+def test_job_names_that_look_like_sql_or_format_strings_stay_data(workers):
+    names = ["%(queues)s", "{names}", "'; DROP TABLE axa_queue; --", "%s %% %(limit)s"]
+    rows = [enqueue(name) for name in names]
+    # A --queue worker writes queues into its statements too.
+    code, output = burst(workers, "--concurrency", "2", "--queue", "default", "--queue", "%(names)s")
+    assert code == 0, output
+    assert {fresh(row).status for row in rows} == {"completed"}, output
+    assert {fresh(row).result for row in rows} == {"ran"}
+
+
+def test_compose_writes_each_value_once_whatever_it_holds():
+    text = sql.compose(sql.NEXT_RUN, ["%(queues)s", "{backends}"], ["{names}"], ["%(names)s"])
+    assert text.count("%%(queues)s") == 1 and "{backends}" in text and "{names}" in text
+    assert "%(names)s" not in text.replace("%%(names)s", "")
+
+
+# -- 3. no session state on the worker's connections -----------------------------------
+
+
+def test_claims_and_outcomes_leave_no_session_setting_behind():
+    jobs.add.perform_later(1)
+    worker = Worker(concurrency=1, install_signals=False)
+    worker._conn = connect("default", "test")
+    try:
+        claimed = worker._claim(worker.handler_names(), 1)
+        assert len(claimed) == 1
+        assert worker._conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
+        assert worker._conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] == 0
+    finally:
+        worker._conn.close()
+
+
+# -- 4.1 / 4.5 statements whose LIMIT must hold under any plan; queues stay apart -------
+
+
+@pytest.mark.parametrize("forced", ["enable_hashjoin", "enable_mergejoin", "enable_seqscan", "enable_bitmapscan"])
+def test_the_claim_takes_no_more_than_its_limit_under_forced_plans(forced):
+    jobs.add.perform_later_many([{"a": i} for i in range(300)])
+    worker = Worker(concurrency=4, install_signals=False)
+    worker._conn = connect("default", "test")
+    try:
+        worker._conn.execute("SET enable_hashjoin = off")
+        worker._conn.execute("SET enable_mergejoin = off")
+        worker._conn.execute(f"SET {forced} = off")
+        claimed = worker._claim(["tests.testapp.jobs.add"], 3)
+    finally:
+        worker._conn.close()
+    assert len(claimed) == 3
+    assert Job.objects.filter(status="running").count() == 3
+
+
+def test_a_queue_workers_claim_never_walks_other_queues():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO axa_queue (id, name, args, queue) SELECT gen_random_uuid(), 'CountWorker', '{}', 'default' "
+            "FROM generate_series(1, 200000)"
+        )
+    jobs.count.using(queue="b").perform_later(fail=False)
+    with connect("default", "test") as conn:
+        conn.execute("ANALYZE axa_queue")
+        query = sql.compose(sql.CLAIM, ["CountWorker"], [], ["b"])
+        plan = "\n".join(
+            row[0]
+            for row in conn.execute(
+                psycopg.sql.SQL("EXPLAIN (ANALYZE, BUFFERS) ") + psycopg.sql.SQL(query), {"worker": None, "limit": 4}
+            )
+        )
+        conn.rollback()
+    assert "axa_queue_claim_queue" in plan, plan
+    assert "Rows Removed by Filter" not in plan, plan
+    assert Job.objects.filter(queue="b", status="running").count() == 1
+
+
+def test_a_lost_workers_rows_keep_their_error_history_as_json():
+    job = jobs.add.using(max_attempts=2).perform_later(1)
+    dead = "00000000-0000-0000-0000-000000000001"
+    Job.objects.filter(pk=job.pk).update(status="running", worker_id=dead, attempts=1)
+    with connect("default", "test") as conn:
+        rows = conn.execute(sql.RESCUE, {"lease": 1.0, "stale": 60, "max_attempts": 1}).fetchall()
+    assert rows == [(job.pk, "queued")]
+    Job.objects.filter(pk=job.pk).update(status="running", worker_id=dead, attempts=2)
+    with connect("default", "test") as conn:
+        rows = conn.execute(sql.RESCUE, {"lease": 1.0, "stale": 60, "max_attempts": 1}).fetchall()
+    assert rows == [(job.pk, "failed")]
+    row = fresh(job)
+    assert [entry["type"] for entry in row.errors] == ["WorkerLost", "WorkerLost"]
+    assert "attempt 2 of 2" in row.error
+    json.dumps(row.errors)
