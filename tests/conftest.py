@@ -29,6 +29,24 @@ def pytest_configure(config: pytest.Config) -> None:
     exit_cleanly_on_sigterm()
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """Name the PostgreSQL server this session runs on (CI runs the suite on two)."""
+    import psycopg
+    from django.conf import settings
+
+    s = settings.DATABASES["default"]
+    where = "embedded, " + s["HOST"] if getattr(settings, "TEST_PGDATA", None) else f"DATABASE_URL, {s['HOST']}"
+    if s["PORT"]:
+        where += f":{s['PORT']}"
+    try:
+        params = {"dbname": s["NAME"], "user": s["USER"], "password": s["PASSWORD"], "host": s["HOST"]}
+        with psycopg.connect(**params, port=s["PORT"] or None, connect_timeout=10) as conn:
+            version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+    except psycopg.Error as error:
+        version = f"unreachable ({error})".strip()
+    return f"database: PostgreSQL {version} ({where})"
+
+
 def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
     """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
