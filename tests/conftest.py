@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
@@ -15,7 +16,35 @@ from urllib.parse import quote
 import pytest
 from django.db import connection
 
+from tests.cleanup import exit_cleanly_on_sigterm
+from tests.pgbouncer import PgBouncer
+from tests.pgbouncer import available as pgbouncer_missing
+
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # With DATABASE_URL, settings.py did not install it (no server of ours to stop),
+    # but runworker subprocesses must still be stopped on SIGTERM.
+    exit_cleanly_on_sigterm()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Name the PostgreSQL server this session runs on (CI runs the suite on two)."""
+    import psycopg
+    from django.conf import settings
+
+    s = settings.DATABASES["default"]
+    where = "embedded, " + s["HOST"] if getattr(settings, "TEST_PGDATA", None) else f"DATABASE_URL, {s['HOST']}"
+    if s["PORT"]:
+        where += f":{s['PORT']}"
+    try:
+        params = {"dbname": s["NAME"], "user": s["USER"], "password": s["PASSWORD"], "host": s["HOST"]}
+        with psycopg.connect(**params, port=s["PORT"] or None, connect_timeout=10) as conn:
+            version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+    except psycopg.Error as error:
+        version = f"unreachable ({error})".strip()
+    return f"database: PostgreSQL {version} ({where})"
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
@@ -43,11 +72,22 @@ def database_url() -> str:
     return f"postgresql://{auth}@{host}{port}/{quote(s['NAME'])}"
 
 
+_open_pools: set[Workers] = set()
+
+
+@atexit.register
+def _close_open_pools() -> None:
+    # Fixture teardown closes each pool; this catches an exit that skipped it.
+    for pool in list(_open_pools):
+        pool.close()
+
+
 class Workers:
     """Start runworker subprocesses on the test database and clean them up."""
 
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen[str]] = []
+        _open_pools.add(self)
 
     def env(self, **extra: str) -> dict[str, str]:
         env = dict(os.environ)
@@ -78,6 +118,8 @@ class Workers:
         )
 
     def close(self) -> None:
+        """SIGKILL every worker still running and reap it."""
+        _open_pools.discard(self)
         for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
@@ -91,6 +133,24 @@ def workers() -> Iterator[Workers]:
     pool = Workers()
     yield pool
     pool.close()
+
+
+@pytest.fixture
+def pgbouncer() -> Iterator[Callable[[str], PgBouncer]]:
+    """Start a PgBouncer in front of the test database: ``pgbouncer("transaction")`` or ``("session")``."""
+    reason = pgbouncer_missing()
+    if reason:
+        pytest.skip(reason)
+    started: list[PgBouncer] = []
+
+    def start(mode: str) -> PgBouncer:
+        bouncer = PgBouncer(connection.settings_dict, mode)
+        started.append(bouncer)
+        return bouncer.start()
+
+    yield start
+    for bouncer in started:
+        bouncer.stop()
 
 
 @pytest.fixture

@@ -7,14 +7,21 @@ from pathlib import Path
 import django
 
 from axa_django.devdb import database
+from tests.cleanup import exit_cleanly_on_sigterm, remove_at_exit
 
 if "DATABASE_URL" not in os.environ:
     # Each test session gets its own server in a fresh directory, removed at exit.
-    _DATA = Path(tempfile.mkdtemp(prefix="axa-test-")) / "pg"
+    _ROOT = Path(tempfile.mkdtemp(prefix="axa-test-"))
+    remove_at_exit(_ROOT)
+    exit_cleanly_on_sigterm()  # from here on a SIGTERM must still stop the server
+    _DATA = _ROOT / "pg"
     DATABASES = {"default": database(_DATA, cleanup="delete")}
     TEST_PGDATA = str(_DATA)  # lets the outage test restart the server
 else:
     DATABASES = {"default": database("unused")}
+if os.environ.get("AXA_TEST_PREPARE") == "none":
+    # A worker subprocess with psycopg's server-side prepared statements off.
+    DATABASES["default"]["OPTIONS"]["prepare_threshold"] = None
 DATABASES["default"]["TEST"] = {"NAME": os.environ.get("AXA_TEST_DB_NAME", "axa_test")}
 # A database that is not PostgreSQL, for the checks that must refuse one; nothing migrates there.
 DATABASES["sqlite"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
@@ -58,10 +65,13 @@ TEMPLATES = [
     }
 ]
 AXA_DJANGO = {
-    "POLL_INTERVAL": 0.2,
+    "POLL_INTERVAL": float(os.environ.get("AXA_TEST_POLL", "0.2")),
     "LEASE_SECONDS": float(os.environ.get("AXA_TEST_LEASE", "3")),
     "NOTIFY": os.environ.get("AXA_TEST_NOTIFY", "1") == "1",
 }
+if os.environ.get("AXA_TEST_POOLING") == "1":
+    # A worker subprocess that reaches the database through a transaction pooler.
+    AXA_DJANGO["TRANSACTION_POOLING"] = True
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -1,3 +1,16 @@
 """Jobs for the pooler tests."""
 
-from axa_django import background_job  # noqa: F401
+from django.db import connection
+
+from axa_django import background_job
+
+
+@background_job
+def pooled_record(token: str, log: str) -> int:
+    """Query through the job thread's own Django connection, then append token to a file."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    with open(log, "a") as f:
+        f.write(token + "\n")
+    return int(pid)
