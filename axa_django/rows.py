@@ -32,9 +32,14 @@ _RETURNING = ", ".join(Job._meta.get_field(f).column for f in _FIELDS)
 # Django loads jsonb as text and decodes it in JSONField.from_db_value.
 _CONVERTERS = [getattr(Job._meta.get_field(f), "from_db_value", None) for f in _FIELDS]
 _COLUMNS = "id, name, args, queue, priority, run_at, max_attempts, unique_key, backend"
-# run_at: the given time, else now() + delay, else now(), all from the database clock and
-# this statement's now(); GREATEST ignores NULL, so the floor applies only when asked.
-_RUN_AT = "GREATEST(COALESCE({run_at}, now() + {delay}, now()), CASE WHEN {floor} THEN now() END)"
+# run_at: the given time, else the enqueue time + delay, else the enqueue time, from the
+# database clock. The enqueue time is statement_timestamp(), the created_at default
+# (Django's Now()), so run_at - created_at is exactly the delay even inside a long
+# transaction. GREATEST ignores NULL, so the floor applies only when asked.
+_RUN_AT = (
+    "GREATEST(COALESCE({run_at}, statement_timestamp() + {delay}, statement_timestamp()), "
+    "CASE WHEN {floor} THEN statement_timestamp() END)"
+)
 _VALUES = f"(%s, %s, %s::jsonb, %s, %s, {_RUN_AT.format(run_at='%s', delay='%s::interval', floor='%s')}, %s, %s, %s)"
 _ON_UNIQUE = (
     "ON CONFLICT (name, unique_key) WHERE unique_key IS NOT NULL AND status IN ('queued', 'running') DO NOTHING"
