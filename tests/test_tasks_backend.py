@@ -593,11 +593,11 @@ def test_resolving_any_row_name_never_raises(name, message):
     assert runner.task is None and message in runner.refusal
 
 
-def test_a_worker_survives_a_task_module_that_raises_system_exit_on_import():
+def test_a_worker_survives_a_task_module_that_raises_system_exit_on_import(workers):
     job_id = insert("tests.testapp.boundary_import_raises.thing", max_attempts=3)
     ok = tasks.add.enqueue(2, 3)
-    worker = burst(concurrency=1)
-    assert worker.processed == 2
+    proc = workers.start("--burst", "--concurrency", "1")
+    assert proc.wait(timeout=60) == 0, proc.stdout.read()
     row = Job.objects.get(pk=job_id)
     assert (row.status, row.errors[0]["type"]) == ("failed", "axa_django.taskrunner.TaskRefused")
     assert default_task_backend.get_result(ok.id).return_value == 5
