@@ -13,6 +13,8 @@ from typing import Any
 MAX_DEPTH = 200
 
 _SCALARS = (str, int, bool, type(None))
+# Values that need no look inside a container unless checking what PostgreSQL can store.
+_FAST = frozenset(_SCALARS)
 
 # Names a place inside a value from its path of keys and indexes.
 Describe = Callable[[Sequence[Any]], str]
@@ -84,10 +86,39 @@ def _problem(value: Any, levels: int, storable: bool) -> tuple[type[Exception], 
     ``storable``: also look for what JSON holds but PostgreSQL cannot (NUL, lone
     surrogates, integers Python will not print).
     """
+    # Scalars inside a container are settled in place; only what needs a closer look
+    # (containers, floats, anything else) goes on the stack with its place.
+    settled = _FAST if not storable else ()
     stack: list[tuple[Any, _Link, int]] = [(value, None, -levels)]
     while stack:
         item, link, depth = stack.pop()
         kind = type(item)
+        if kind is list or kind is dict:
+            if depth >= MAX_DEPTH:
+                # Name the outermost value the limit applies to, not a path 200 keys long.
+                for _ in range(depth):
+                    link = link[0] if link is not None else None
+                return ValueError, link, _too_deep()
+            pending = []
+            if kind is list:
+                for index, child in enumerate(item):
+                    if type(child) not in settled:
+                        pending.append((child, (link, index), depth + 1))
+            else:
+                for key, child in item.items():
+                    if type(key) is not str:
+                        return (
+                            TypeError,
+                            link,
+                            f"has the key {key!r} of type {type(key).__name__}; JSON object keys must be str.",
+                        )
+                    if storable and (reason := _text_problem(key)) is not None:
+                        return ValueError, link, f"has the key {key!r}, which {reason}"
+                    if type(child) not in settled:
+                        pending.append((child, (link, key), depth + 1))
+            pending.reverse()  # report the first problem in document order
+            stack.extend(pending)
+            continue
         if kind is str:
             if storable and (reason := _text_problem(item)) is not None:
                 return ValueError, link, reason
@@ -104,29 +135,6 @@ def _problem(value: Any, levels: int, storable: bool) -> tuple[type[Exception], 
         if kind is float:
             if not math.isfinite(item):
                 return ValueError, link, f"is {item!r}, which JSON cannot hold; pass a finite number or None."
-            continue
-        if kind is list or kind is dict:
-            if depth >= MAX_DEPTH:
-                # Name the outermost value the limit applies to, not a path 200 keys long.
-                for _ in range(depth):
-                    link = link[0] if link is not None else None
-                return ValueError, link, _too_deep()
-            if kind is list:
-                stack.extend((child, (link, index), depth + 1) for index, child in reversed(list(enumerate(item))))
-                continue
-            entries = []
-            for key, child in item.items():
-                if type(key) is not str:
-                    return (
-                        TypeError,
-                        link,
-                        f"has the key {key!r} of type {type(key).__name__}; JSON object keys must be str.",
-                    )
-                if storable and (reason := _text_problem(key)) is not None:
-                    return ValueError, link, f"has the key {key!r}, which {reason}"
-                entries.append((child, (link, key), depth + 1))
-            entries.reverse()
-            stack.extend(entries)
             continue
         return TypeError, link, f"is {_describe(item)}, which is not JSON; {_hint(item)}"
     return None
