@@ -241,7 +241,7 @@ def plain_json(value: Any, depth: int = 0) -> Any:
     kind = type(value)
     if kind is str or kind is int or kind is float or kind is bool or value is None:
         return value
-    if depth > MAX_DEPTH:
+    if depth > MAX_DEPTH + 1:  # + 1: a task's arguments sit inside its args list
         return value  # check_json refuses it as too deep; recursing further could overflow
     if isinstance(value, Mapping):
         return {plain_json(key, depth + 1): plain_json(item, depth + 1) for key, item in value.items()}
