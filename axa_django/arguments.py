@@ -5,33 +5,159 @@ from __future__ import annotations
 import inspect
 import json
 import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
+# The deepest nesting of lists and dicts a value may have: deeper input would exhaust
+# Python's recursion (json, Django's normalize_json) long before PostgreSQL's limit.
+MAX_DEPTH = 200
+
 _SCALARS = (str, int, bool, type(None))
+# Values that need no look inside a container unless checking what PostgreSQL can store.
+_FAST = frozenset(_SCALARS)
+
+# Names a place inside a value from its path of keys and indexes.
+Describe = Callable[[Sequence[Any]], str]
+# A place inside a value, kept as a linked (parent, key) pair so the hot path builds no strings.
+_Link = tuple[Any, Any] | None
 
 
-def check_json(value: Any, where: str) -> None:
+def _path(link: _Link) -> list[Any]:
+    keys: list[Any] = []
+    while link is not None:
+        link, key = link
+        keys.append(key)
+    keys.reverse()
+    return keys
+
+
+def _suffix(path: Sequence[Any]) -> str:
+    return "".join(f"[{key!r}]" for key in path)
+
+
+def described(where: str | Describe) -> Describe:
+    """``where`` as a Describe: a str names the value, and keys and indexes follow in brackets."""
+    if callable(where):
+        return where
+    return lambda path: where + _suffix(path)
+
+
+def arguments_of(job: str) -> Describe:
+    """Name places in a job's args object: ``argument 'x' of job 'j'['k']``."""
+
+    def describe(path: Sequence[Any]) -> str:
+        if not path:
+            return f"the arguments of job {job!r}"
+        return f"argument {path[0]!r} of job {job!r}{_suffix(path[1:])}"
+
+    return describe
+
+
+def task_arguments_of(task: str) -> Describe:
+    """Name places in a task row's ``{"args": [...], "kwargs": {...}}``: ``argument 0 of task 't'``."""
+
+    def describe(path: Sequence[Any]) -> str:
+        if len(path) < 2:
+            return f"the arguments of task {task!r}{_suffix(path)}"
+        return f"argument {path[1]!r} of task {task!r}{_suffix(path[2:])}"
+
+    return describe
+
+
+def _text_problem(text: str) -> str | None:
+    """Why PostgreSQL cannot store ``text``, or None."""
+    if "\x00" in text:
+        return "contains a NUL character (\\x00), which PostgreSQL cannot store in jsonb or text; remove it"
+    try:
+        text.encode()
+    except UnicodeEncodeError as error:
+        return (
+            f"contains the lone surrogate {text[error.start]!r}, which is not valid Unicode and cannot be "
+            "sent to PostgreSQL; pass the text decoded properly (e.g. with errors='replace')"
+        )
+    return None
+
+
+def _problem(value: Any, levels: int, storable: bool) -> tuple[type[Exception], _Link, str] | None:
+    """The first place where ``value`` is not strict JSON: (error type, place, what is wrong).
+
+    Iterative, so no input can exhaust recursion. ``levels``: how many levels of
+    containers wrap the values the depth limit applies to (1 for an args object).
+    ``storable``: also look for what JSON holds but PostgreSQL cannot (NUL, lone
+    surrogates, integers Python will not print).
+    """
+    # Scalars inside a container are settled in place; only what needs a closer look
+    # (containers, floats, anything else) goes on the stack with its place.
+    settled = _FAST if not storable else ()
+    stack: list[tuple[Any, _Link, int]] = [(value, None, -levels)]
+    while stack:
+        item, link, depth = stack.pop()
+        kind = type(item)
+        if kind is list or kind is dict:
+            if depth >= MAX_DEPTH:
+                # Name the outermost value the limit applies to, not a path 200 keys long.
+                for _ in range(depth):
+                    link = link[0] if link is not None else None
+                return ValueError, link, _too_deep()
+            pending = []
+            if kind is list:
+                for index, child in enumerate(item):
+                    if type(child) not in settled:
+                        pending.append((child, (link, index), depth + 1))
+            else:
+                for key, child in item.items():
+                    if type(key) is not str:
+                        return (
+                            TypeError,
+                            link,
+                            f"has the key {key!r} of type {type(key).__name__}; JSON object keys must be str.",
+                        )
+                    if storable and (reason := _text_problem(key)) is not None:
+                        return ValueError, link, f"has the key {key!r}, which {reason}"
+                    if type(child) not in settled:
+                        pending.append((child, (link, key), depth + 1))
+            pending.reverse()  # report the first problem in document order
+            stack.extend(pending)
+            continue
+        if kind is str:
+            if storable and (reason := _text_problem(item)) is not None:
+                return ValueError, link, reason
+            continue
+        if kind is int:
+            if storable:
+                try:
+                    str(item)
+                except ValueError as error:
+                    return ValueError, link, f"is an integer too large for JSON ({error}); pass it as a str"
+            continue
+        if kind in _SCALARS:
+            continue
+        if kind is float:
+            if not math.isfinite(item):
+                return ValueError, link, f"is {item!r}, which JSON cannot hold; pass a finite number or None."
+            continue
+        return TypeError, link, f"is {_describe(item)}, which is not JSON; {_hint(item)}"
+    return None
+
+
+def _too_deep() -> str:
+    return (
+        f"nests lists/dicts more than {MAX_DEPTH} levels deep (the limit, axa_django.arguments.MAX_DEPTH); "
+        "flatten it, or store it elsewhere and pass its key."
+    )
+
+
+def _raise(value: Any, where: str | Describe, levels: int, storable: bool) -> None:
+    found = _problem(value, levels, storable)
+    if found is not None:
+        error, link, message = found
+        place = described(where)(_path(link))
+        raise error(f"{place} {message}")
+
+
+def check_json(value: Any, where: str | Describe, *, levels: int = 0) -> None:
     """Raise TypeError/ValueError unless ``value`` survives a JSON round trip unchanged."""
-    kind = type(value)
-    if kind in _SCALARS:
-        return
-    if kind is float:
-        if not math.isfinite(value):
-            raise ValueError(f"{where} is {value!r}, which JSON cannot hold; pass a finite number or None.")
-        return
-    if kind is list:
-        for index, item in enumerate(value):
-            check_json(item, f"{where}[{index}]")
-        return
-    if kind is dict:
-        for key, item in value.items():
-            if type(key) is not str:
-                raise TypeError(
-                    f"{where} has the key {key!r} of type {type(key).__name__}; JSON object keys must be str."
-                )
-            check_json(item, f"{where}[{key!r}]")
-        return
-    raise TypeError(f"{where} is {_describe(value)}, which is not JSON; {_hint(value)}")
+    _raise(value, where, levels, storable=False)
 
 
 def _describe(value: Any) -> str:
@@ -54,14 +180,31 @@ def _hint(value: Any) -> str:
     return "pass str, int, float, bool, None, list or dict with str keys."
 
 
-def encode(value: Any, where: str, limit: int) -> str:
-    """Check ``value`` and return its JSON text, refusing anything over ``limit`` bytes."""
-    check_json(value, where)
-    text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-    size = len(text.encode())
+def encode(value: Any, where: str | Describe, limit: int, *, levels: int = 0) -> str:
+    """Check ``value`` and return its JSON text, refusing anything over ``limit`` bytes.
+
+    Also refuses what PostgreSQL cannot store (NUL, lone surrogates): ValueError naming
+    the place, before any SQL is sent.
+    """
+    check_json(value, where, levels=levels)
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except ValueError:
+        # An integer over Python's str conversion limit; name it.
+        _raise(value, where, levels, storable=True)
+        raise
+    # The text is made anyway: look for trouble in it, and walk the value only when
+    # there is some, to name the place (a literal backslash-u0000 is a false alarm).
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:
+        _raise(value, where, levels, storable=True)
+        raise
+    if "\\u0000" in text:
+        _raise(value, where, levels, storable=True)
     if size > limit:
         raise ValueError(
-            f"{where}: {size} bytes as JSON, over the limit of {limit} "
+            f"{described(where)(())}: {size} bytes as JSON, over the limit of {limit} "
             "(AXA_DJANGO['MAX_ARGS_BYTES']); store large data elsewhere and pass its key."
         )
     return text
@@ -73,15 +216,14 @@ def bind(signature: inspect.Signature, name: str, args: tuple[Any, ...], kwargs:
         bound = signature.bind(*args, **kwargs)
     except TypeError as error:
         raise TypeError(f"job {name!r}: {error}") from None
-    for parameter, value in bound.arguments.items():
-        check_json(value, f"argument {parameter!r} of job {name!r}")
-    return dict(bound.arguments)
+    arguments = dict(bound.arguments)
+    check_json(arguments, arguments_of(name), levels=1)
+    return arguments
 
 
 def check_kwargs(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     """Check keyword arguments for a job known only by name."""
-    for parameter, value in kwargs.items():
-        check_json(value, f"argument {parameter!r} of job {name!r}")
+    check_json(kwargs, arguments_of(name), levels=1)
     return kwargs
 
 

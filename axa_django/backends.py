@@ -20,7 +20,9 @@ if django.VERSION < (6, 0):
     )
 
 import dataclasses
+import sys
 import uuid
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
@@ -31,13 +33,12 @@ from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils.dateparse import parse_datetime
-from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
 # Only light modules at import time: Django may build this backend while apps load
 # (``@task`` in a models module), before axa_django's models can be imported.
 from . import conf
-from .arguments import check_json
+from .arguments import MAX_DEPTH, check_json, task_arguments_of
 from .checks import other_vendor
 
 if TYPE_CHECKING:
@@ -160,7 +161,8 @@ class QueueBackend(BaseTaskBackend):
                 task = _import_task(job.name)
             except NotATask as error:
                 raise TaskResultDoesNotExist(f"{job.pk}: {error}") from None
-        run_after = job.run_at if job.run_at is not None and job.run_at > job.created_at else None
+        # A row enqueued without run_after has run_at = created_at (one statement's now()).
+        run_after = None if job.run_at is None or job.run_at == job.created_at else job.run_at
         task = _rebuild(task, priority=job.priority, queue_name=job.queue, run_after=run_after, backend=self.alias)
         stored = job.args if isinstance(job.args, dict) else {}
         errors = [
@@ -221,28 +223,30 @@ class QueueBackend(BaseTaskBackend):
 
 def _arguments(task: Task, args: Any, kwargs: Any) -> dict[str, Any]:
     """The row's args object {"args": [...], "kwargs": {...}}, strict JSON or TypeError/ValueError."""
-    # Django's own rule first (tuples become lists, as TaskResult.args does), then ours:
-    # no NaN, no non-str keys, nothing that would not come back as it went in.
+    # Django's shapes first (tuples become lists, as TaskResult.args does), then the
+    # strict rule: no bytes, NaN, non-str keys, nothing that would not come back as it went in.
     stored = {"args": plain_json(list(args)), "kwargs": plain_json(dict(kwargs))}
-    check_json(stored["args"], f"the args of task {task.module_path!r}")
-    check_json(stored["kwargs"], f"the kwargs of task {task.module_path!r}")
+    check_json(stored, task_arguments_of(task.module_path), levels=2)
     return stored
 
 
-def plain_json(value: Any) -> Any:
-    """Django's normalize_json, with str/int/float subclasses (enums, choices) made plain as JSON would."""
-    value = normalize_json(value)
-    return _plain(value)
+_NOT_SEQUENCES = (str, bytes, bytearray, memoryview)
 
 
-def _plain(value: Any) -> Any:
+def plain_json(value: Any, depth: int = 0) -> Any:
+    """Django's normalize_json shapes (mappings to dicts, sequences such as tuples to lists,
+    str/int/float subclasses such as enums to plain values), leaving anything else as it is
+    for check_json to refuse by name: bytes are not decoded, unlike normalize_json.
+    """
     kind = type(value)
-    if kind is dict:
-        return {_plain(key): _plain(item) for key, item in value.items()}
-    if kind is list:
-        return [_plain(item) for item in value]
-    if kind in (str, int, float, bool) or value is None:
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
         return value
+    if depth > MAX_DEPTH + 1:  # + 1: a task's arguments sit inside its args list
+        return value  # check_json refuses it as too deep; recursing further could overflow
+    if isinstance(value, Mapping):
+        return {plain_json(key, depth + 1): plain_json(item, depth + 1) for key, item in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, _NOT_SEQUENCES):
+        return [plain_json(item, depth + 1) for item in value]
     for base in (bool, str, int, float):  # bool first: it is an int
         if isinstance(value, base):
             return base(value)
@@ -258,11 +262,20 @@ def _rebuild(task: Task, **changes: Any) -> Task:
 
 
 def _import_task(path: str) -> Task:
-    """The Task at ``path`` if it belongs to a QueueBackend alias; NotATask otherwise."""
+    """The Task at ``path`` if it belongs to a QueueBackend alias; NotATask otherwise.
+
+    A row's name is data anyone who can write the table controls: only a module already
+    imported or inside an installed app's package is imported, so a forged row cannot
+    run another module's import side effects.
+    """
+    if refusal := _unimportable(path):
+        raise NotATask(refusal)
     try:
         found = import_string(path)
     except ImportError as error:
         raise NotATask(f"cannot import task {path!r}: {error}") from None
+    except Exception as error:  # noqa: BLE001 - importing user code may raise anything
+        raise NotATask(f"importing task {path!r} raised {error!r}") from None
     if not isinstance(found, Task):
         raise NotATask(
             f"{path!r} is a {type(found).__module__}.{type(found).__qualname__}, not a django.tasks Task; "
@@ -271,6 +284,21 @@ def _import_task(path: str) -> Task:
     if found.backend not in queue_backend_aliases():
         raise NotATask(f"task {path!r} belongs to backend {found.backend!r}, which is not a QueueBackend")
     return found
+
+
+def _unimportable(path: str) -> str | None:
+    """Why the worker will not import ``path``'s module, or None if it may."""
+    module = path.rpartition(".")[0]
+    if not module or not all(part.isidentifier() for part in module.split(".")):
+        return f"{path!r} is not a dotted path module.attribute of a task"
+    if module in sys.modules:
+        return None
+    if any(module == app.name or module.startswith(app.name + ".") for app in apps.get_app_configs()):
+        return None
+    return (
+        f"module {module!r} is not imported and not inside an installed app, so the worker did not "
+        f"import it to look for task {path!r}; tasks must live in a package listed in INSTALLED_APPS"
+    )
 
 
 def queue_backend_aliases() -> list[str]:

@@ -95,7 +95,7 @@ class JobFunction(Generic[P, R]):
         if self.unique is not None and self.options.unique_key is None:
             key = self.unique(**arguments)
             if key is not None:
-                return replace(self.options, unique_key=str(key))
+                return replace(self.options, unique_key=rows.check_text(str(key), "unique key"))
         return self.options
 
     def perform_later(self, *args: P.args, **kwargs: P.kwargs) -> Job:

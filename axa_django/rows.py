@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import datetime
+import re
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
 from . import conf
-from .arguments import encode
+from .arguments import arguments_of, encode, task_arguments_of
 from .models import Job
 from .signals import job_enqueued
 
@@ -19,6 +20,11 @@ if TYPE_CHECKING:
     from .registry import JobFunction
 
 MAX_NAME_LENGTH = 200
+# Control characters (Unicode category Cc), line separators and lone surrogates: a
+# name or key holding one cannot be stored (NUL), sent (surrogates) or shown on one line.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+# Later than this, now() + delay leaves PostgreSQL's timestamp range.
+MAX_DELAY = datetime.timedelta(days=3_650_000)
 
 # Columns read back into a Job, in model order.
 _FIELDS = [f.attname for f in Job._meta.concrete_fields]
@@ -26,7 +32,15 @@ _RETURNING = ", ".join(Job._meta.get_field(f).column for f in _FIELDS)
 # Django loads jsonb as text and decodes it in JSONField.from_db_value.
 _CONVERTERS = [getattr(Job._meta.get_field(f), "from_db_value", None) for f in _FIELDS]
 _COLUMNS = "id, name, args, queue, priority, run_at, max_attempts, unique_key, backend"
-_VALUES = "(%s, %s, %s::jsonb, %s, %s, GREATEST(COALESCE(%s, now()), now()), %s, %s, %s)"
+# run_at: the given time, else the enqueue time + delay, else the enqueue time, from the
+# database clock. The enqueue time is statement_timestamp(), the created_at default
+# (Django's Now()), so run_at - created_at is exactly the delay even inside a long
+# transaction. GREATEST ignores NULL, so the floor applies only when asked.
+_RUN_AT = (
+    "GREATEST(COALESCE({run_at}, statement_timestamp() + {delay}, statement_timestamp()), "
+    "CASE WHEN {floor} THEN statement_timestamp() END)"
+)
+_VALUES = f"(%s, %s, %s::jsonb, %s, %s, {_RUN_AT.format(run_at='%s', delay='%s::interval', floor='%s')}, %s, %s, %s)"
 _ON_UNIQUE = (
     "ON CONFLICT (name, unique_key) WHERE unique_key IS NOT NULL AND status IN ('queued', 'running') DO NOTHING"
 )
@@ -54,15 +68,20 @@ class Options:
     backend: str | None = None
 
     def checked(self) -> Options:
-        """Return these options validated, with ``delay`` folded into ``run_at``."""
+        """Return these options, validated (``delay`` is added to now() at enqueue, by the database)."""
         if not isinstance(self.queue, str) or not self.queue:
             raise ValueError(f"queue must be a non-empty str, not {self.queue!r}")
+        check_text(self.queue, "queue name")
         if type(self.priority) is not int or not -(2**31) <= self.priority < 2**31:
             raise ValueError(f"priority must be an int between -2147483648 and 2147483647, not {self.priority!r}")
         if self.max_attempts is not None and (type(self.max_attempts) is not int or self.max_attempts < 1):
             raise ValueError(f"max_attempts must be a positive int, not {self.max_attempts!r}")
         if self.unique_key is not None and not isinstance(self.unique_key, str):
             raise TypeError(f"unique_key must be a str, not {type(self.unique_key).__name__}")
+        if self.unique_key is not None:
+            check_text(self.unique_key, "unique key")
+        if self.backend is not None:
+            check_text(self.backend, "backend alias")
         if self.on_duplicate not in ("return", "raise"):
             raise ValueError(f"on_duplicate must be 'return' or 'raise', not {self.on_duplicate!r}")
         run_at = self.run_at
@@ -76,8 +95,22 @@ class Options:
                 raise TypeError(f"delay must be a timedelta, not {type(self.delay).__name__}")
             if run_at is not None:
                 raise ValueError("pass run_at or delay, not both")
-            run_at = datetime.datetime.now(datetime.UTC) + self.delay
-        return replace(self, run_at=run_at, delay=None)
+            if abs(self.delay) > MAX_DELAY:
+                raise ValueError(f"delay must be at most {MAX_DELAY.days} days, not {self.delay}")
+        return self
+
+
+def check_text(value: str, what: str) -> str:
+    """Return ``value`` unless it holds a control character, line break or lone surrogate."""
+    found = _UNPRINTABLE.search(value)
+    if found is not None:
+        char = found.group()
+        raise ValueError(
+            f"{what} {value!r} contains the unprintable character {char!r} (U+{ord(char):04X}) at index "
+            f"{found.start()}; PostgreSQL cannot store NUL, and logs and the admin show names on one line. "
+            f"Use a {what} of printable characters only."
+        )
+    return value
 
 
 def check_name(name: Any) -> str:
@@ -88,11 +121,13 @@ def check_name(name: Any) -> str:
         raise ValueError("job name must not be empty")
     if len(name) > MAX_NAME_LENGTH:
         raise ValueError(f"job name is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}")
-    return name
+    return check_text(name, "job name")
 
 
 def _params(name: str, args: dict[str, Any], options: Options) -> list[Any]:
-    text = encode(args, f"the arguments of job {name!r}", conf.get("MAX_ARGS_BYTES"))
+    task = options.backend is not None
+    where, levels = (task_arguments_of(name), 2) if task else (arguments_of(name), 1)
+    text = encode(args, where, conf.get("MAX_ARGS_BYTES"), levels=levels)
     return [
         uuid.uuid4(),
         name,
@@ -100,6 +135,10 @@ def _params(name: str, args: dict[str, Any], options: Options) -> list[Any]:
         options.queue,
         options.priority,
         options.run_at,
+        options.delay,
+        # django.tasks keeps a past run_after as given, so past-due tasks are claimed in
+        # run_after order; a background job's past run_at means now (documented).
+        not task,
         options.max_attempts,
         options.unique_key,
         options.backend,
@@ -149,10 +188,10 @@ class BulkResult(list[Job]):
 
 _BULK_FIELDS = ["id", "name", "args", "status", "queue", "priority", "max_attempts", "unique_key", "backend"]
 _UNNEST = (
-    "SELECT id, name, args, queue, priority, GREATEST(COALESCE(run_at, now()), now()), max_attempts, "
-    "unique_key, backend FROM unnest(%s::uuid[], %s::text[], %s::jsonb[], %s::text[], %s::int[], "
-    "%s::timestamptz[], %s::int[], %s::text[], %s::text[]) "
-    "AS v(id, name, args, queue, priority, run_at, max_attempts, unique_key, backend)"
+    f"SELECT id, name, args, queue, priority, {_RUN_AT.format(run_at='run_at', delay='delay', floor='floor')}, "
+    "max_attempts, unique_key, backend FROM unnest(%s::uuid[], %s::text[], %s::jsonb[], %s::text[], %s::int[], "
+    "%s::timestamptz[], %s::interval[], %s::bool[], %s::int[], %s::text[], %s::text[]) "
+    "AS v(id, name, args, queue, priority, run_at, delay, floor, max_attempts, unique_key, backend)"
 )
 
 
@@ -161,7 +200,7 @@ def write_many(
 ) -> BulkResult:
     """Insert many rows in one statement; validate every item before writing any."""
     using = conf.get("DATABASE")
-    columns: list[list[Any]] = [[] for _ in range(9)]
+    columns: list[list[Any]] = [[] for _ in range(11)]
     arguments: list[dict[str, Any]] = []
     for index, (name, args, options) in enumerate(items):
         try:
@@ -180,7 +219,7 @@ def write_many(
         written = {row[0] for row in cursor.fetchall()}
     # Build the jobs from what was sent; the columns the database filled in
     # (times, status defaults) are deferred and load on first access.
-    ids, names, _, queues, priorities, _, max_attempts, unique_keys, backends = columns
+    ids, names, _, queues, priorities, _, _, _, max_attempts, unique_keys, backends = columns
     for index, job_id in enumerate(ids):
         if job_id in written:
             values = [job_id, names[index], arguments[index], "queued", queues[index], priorities[index]]

@@ -60,8 +60,8 @@ class TaskRunner:
             task = _rebuild(_import_task(job.name), backend=job.backend)
         except NotATask as error:
             return cls(job, None, None, str(error))
-        except Exception as error:  # noqa: BLE001 - importing user code may raise anything
-            return cls(job, None, None, f"importing task {job.name!r} raised {error!r}")
+        except BaseException as error:  # noqa: BLE001 - no row may stop the worker, whatever its import raises
+            return cls(job, None, None, f"resolving task {job.name!r} raised {error!r}")
         return cls(job, backend, task)
 
     @property

@@ -34,6 +34,16 @@ from tests.testapp import jobs, tasks
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+ADD = "tests.testapp.tasks.add"
+
+
+def deep_list(levels: int) -> list:
+    value: list = []
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
 def burst(**options) -> Worker:
     options.setdefault("concurrency", 2)
     worker = Worker(burst=True, install_signals=False, **options)
@@ -219,18 +229,26 @@ def test_a_naive_run_after_is_refused():
 @pytest.mark.parametrize(
     ("args", "kwargs", "error", "message"),
     [
-        ((object(),), {}, TypeError, "Unsupported type"),
+        ((object(),), {}, TypeError, f"argument 0 of task '{ADD}' is a object, which is not JSON"),
         ((math.nan,), {}, ValueError, "which JSON cannot hold"),
         ((), {"b": {1: "x"}}, TypeError, "JSON object keys must be str"),
-        ((b"\xff",), {}, ValueError, "Unsupported value"),
-        ((), {"b": datetime.date(2030, 1, 1)}, TypeError, "Unsupported type"),
+        ((), {"b": datetime.date(2030, 1, 1)}, TypeError, f"argument 'b' of task '{ADD}' is a datetime.date"),
+        # Django's normalize_json would decode bytes to str: refused, as docs/tasks.md says.
+        ((b"\xff",), {}, TypeError, f"argument 0 of task '{ADD}' is a bytes, which is not JSON; decode it"),
+        ((b"text",), {}, TypeError, f"argument 0 of task '{ADD}' is a bytes, which is not JSON; decode it"),
+        ((1,), {"b": [bytearray(b"ab")]}, TypeError, f"argument 'b' of task '{ADD}'[0] is a bytearray"),
+        ((memoryview(b"ab"),), {}, TypeError, f"argument 0 of task '{ADD}' is a memoryview"),
+        ((), {"b": {"k": "\x00"}}, ValueError, f"argument 'b' of task '{ADD}'['k'] contains a NUL character"),
+        ((deep_list(10_000),), {}, ValueError, f"argument 0 of task '{ADD}' nests lists/dicts more than 200"),
     ],
-    ids=["object", "nan", "int-key", "bad-bytes", "date"],
+    ids=["object", "nan", "int-key", "date", "bad-bytes", "bytes", "bytearray", "memoryview", "nul", "deep"],
 )
 def test_non_json_arguments_are_refused_and_nothing_is_written(args, kwargs, error, message):
-    with pytest.raises(error, match=message):
-        tasks.add.enqueue(*args, **kwargs)
-    assert not Job.objects.exists()
+    with transaction.atomic():
+        with pytest.raises(error) as raised:
+            tasks.add.enqueue(*args, **kwargs)
+        assert message in str(raised.value)
+        assert not Job.objects.exists()  # nothing was sent: the transaction is still usable
 
 
 def test_tuples_are_stored_as_lists_as_django_does():
@@ -286,12 +304,14 @@ def test_a_cancelled_task_reads_as_failed_with_job_cancelled():
 def test_a_return_value_is_normalized_as_django_does_and_non_json_fails():
     pair = tasks.returns_tuple.enqueue()
     bad = tasks.returns_set.enqueue()
+    raw = tasks.returns_bytes.enqueue()
     burst()
     assert default_task_backend.get_result(pair.id).return_value == [1, "two"]
-    failure = default_task_backend.get_result(bad.id)
-    assert failure.status == TaskResultStatus.FAILED
-    assert failure.errors[0].exception_class_path == "axa_django.execution.BadResult"
-    assert "is a set, which is not JSON" in failure.errors[0].traceback
+    for result, kind in ((bad, "a set"), (raw, "a bytes")):
+        failure = default_task_backend.get_result(result.id)
+        assert failure.status == TaskResultStatus.FAILED
+        assert failure.errors[0].exception_class_path == "axa_django.execution.BadResult"
+        assert f"is {kind}, which is not JSON" in failure.errors[0].traceback
 
 
 # -- context and retries ------------------------------------------------------------
@@ -491,3 +511,93 @@ def test_the_task_claim_uses_its_index_not_a_scan():
     plan = explain(sql.CLAIM.format(queues=""), params)
     assert "axa_queue_claim_task" in plan and "axa_queue_claim " in plan.replace("axa_queue_claim_task", ""), plan
     assert "Seq Scan on axa_queue" not in plan, plan
+
+
+# -- run_after ------------------------------------------------------------------------
+
+
+def test_past_run_after_is_stored_as_given_and_claimed_in_run_after_order(workers, log_file):
+    now = timezone.now()
+    hours = {"one": 1, "three": 3, "two": 2}  # enqueued out of order
+    for token, ago in hours.items():
+        result = tasks.record.using(run_after=now - datetime.timedelta(hours=ago)).enqueue(token, log_file)
+        assert Job.objects.get(pk=result.id).run_at == now - datetime.timedelta(hours=ago)
+    proc = workers.start("--burst", "--concurrency", "1")
+    assert proc.wait(timeout=120) == 0, proc.stdout.read()
+    assert [line.split()[0] for line in Path(log_file).read_text().splitlines()] == ["three", "two", "one"]
+
+
+def test_a_background_job_keeps_its_rule_that_a_past_run_at_means_now():
+    job = jobs.add.using(run_at=timezone.now() - datetime.timedelta(days=1)).perform_later(1)
+    job.refresh_from_db()
+    assert job.run_at == job.created_at
+
+
+def test_result_task_run_after_reads_the_stored_time_back():
+    past = timezone.now() - datetime.timedelta(hours=2)
+    future = timezone.now() + datetime.timedelta(hours=2)
+    for when in (past, future):
+        result = tasks.add.using(run_after=when).enqueue(1)
+        assert result.task.run_after == when
+        assert default_task_backend.get_result(result.id).task.run_after == when
+    plain = tasks.add.enqueue(1)
+    assert plain.task.run_after is None
+    assert default_task_backend.get_result(plain.id).task.run_after is None
+    with transaction.atomic():  # now() is the transaction's start; the row's times are the statement's
+        wait_for(lambda: timezone.now() > plain.enqueued_at, what="the clock to move")
+        inside = tasks.add.enqueue(2)
+    assert default_task_backend.get_result(inside.id).task.run_after is None
+
+
+# -- forged rows ----------------------------------------------------------------------
+
+
+def test_a_forged_row_naming_a_module_outside_installed_apps_is_refused_without_importing_it(workers, tmp_path):
+    marker = tmp_path / "imported"
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "axa_forged_module.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('side effect ran')\nthing = None\n"
+    )
+    job_id = insert("axa_forged_module.thing", max_attempts=3)
+    path = os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))
+    proc = workers.start("--burst", "--concurrency", "1", env=workers.env(PYTHONPATH=path))
+    assert proc.wait(timeout=120) == 0, proc.stdout.read()
+    assert not marker.exists()
+    row = Job.objects.get(pk=job_id)
+    assert (row.status, row.attempts) == ("failed", 1)
+    assert row.errors[0]["type"] == "axa_django.taskrunner.TaskRefused"
+    assert "module 'axa_forged_module' is not imported and not inside an installed app" in row.error
+    assert "tasks must live in a package listed in INSTALLED_APPS" in row.error
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("tests.testapp.boundary_import_raises.thing", "SystemExit('boundary_import_raises: import side effect')"),
+        ("", "is not a dotted path module.attribute"),
+        ("noattribute", "is not a dotted path module.attribute"),
+        ("..x", "is not a dotted path module.attribute"),
+        ("tests.testapp..tasks.add", "is not a dotted path module.attribute"),
+        ("tests.testapp.tasks.", 'does not define a "" attribute'),
+        ("a" * 5000 + ".b", "is not imported and not inside an installed app"),
+        (".".join(["tests", "testapp"] + ["x"] * 3000 + ["y"]), "raised RecursionError"),
+    ],
+    ids=["raises-on-import", "empty", "no-dot", "relative", "double-dot", "trailing-dot", "long", "deep"],
+)
+def test_resolving_any_row_name_never_raises(name, message):
+    from axa_django.execution import Claimed
+    from axa_django.taskrunner import TaskRunner
+
+    runner = TaskRunner.for_row(Claimed(uuid.uuid4(), name, {}, 1, None, backend="default"))
+    assert runner.task is None and message in runner.refusal
+
+
+def test_a_worker_survives_a_task_module_that_raises_system_exit_on_import(workers):
+    job_id = insert("tests.testapp.boundary_import_raises.thing", max_attempts=3)
+    ok = tasks.add.enqueue(2, 3)
+    proc = workers.start("--burst", "--concurrency", "1")
+    assert proc.wait(timeout=60) == 0, proc.stdout.read()
+    row = Job.objects.get(pk=job_id)
+    assert (row.status, row.errors[0]["type"]) == ("failed", "axa_django.taskrunner.TaskRefused")
+    assert default_task_backend.get_result(ok.id).return_value == 5

@@ -99,3 +99,9 @@ async def async_rendezvous(log: str, token: str, peers: int) -> str:
             raise TimeoutError(f"{token}: the other tasks never started alongside this one")
         await asyncio.sleep(0.01)
     return token
+
+
+@task
+def returns_bytes() -> bytes:
+    """Bytes are not JSON: the task fails, as a bytes argument is refused."""
+    return b"raw"
