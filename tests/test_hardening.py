@@ -260,7 +260,7 @@ def test_the_projects_options_win_over_the_workers_keepalives():
 
 
 def test_job_names_that_look_like_sql_or_format_strings_stay_data(workers):
-    names = ["%(queues)s", "{names}", "'; DROP TABLE axa_queue; --", "%s %% %(limit)s"]
+    names = ["%(queues)s", "{names}", "';DROP/**/TABLE/**/axa_queue;--", "%s%%%(limit)s"]
     rows = [enqueue(name) for name in names]
     # A --queue worker writes queues into its statements too.
     code, output = burst(workers, "--concurrency", "2", "--queue", "default", "--queue", "%(names)s")

@@ -101,7 +101,7 @@ def test_transaction_pool_with_prepared_statements_refuses_to_start(
     jobs.record.perform_later_many([{"token": f"t{i}", "log": log_file} for i in range(50)])
     proc = workers.start("--burst", "--concurrency", "4", env=worker_env(workers, pgbouncer("transaction")))
     code, output = finish(proc)
-    assert code != 0, output
+    assert code == 2, output
     assert "PgBouncer" in output and "TRANSACTION_POOLING" in output, output
     assert Job.objects.filter(status="queued", attempts=0).count() == 50
     assert Path(log_file).read_text() == ""

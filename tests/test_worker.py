@@ -246,7 +246,7 @@ def test_runworker_on_an_unmigrated_database_says_to_migrate(workers):
         env = workers.env()
         env["DATABASE_URL"] = env["DATABASE_URL"].replace("/axa_test", "/axa_unmigrated")
         proc = workers.start("--burst", env=env)
-        assert proc.wait(timeout=60) == 1
+        assert proc.wait(timeout=60) == 2
         assert (
             "CommandError: the queue tables do not exist in database 'axa_unmigrated': run python manage.py migrate first"
             in proc.stdout.read()

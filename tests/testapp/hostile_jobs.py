@@ -95,7 +95,7 @@ def kill_thread(name: str) -> str:
 
 
 # Names that look like SQL or format strings stay data in the worker's statements.
-for _name in ("%(queues)s", "{names}", "'; DROP TABLE axa_queue; --", "%s %% %(limit)s"):
+for _name in ("%(queues)s", "{names}", "';DROP/**/TABLE/**/axa_queue;--", "%s%%%(limit)s"):
     background_job(name=_name)(lambda: "ran")
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from axa_django.worker import NotMigrated, Worker
+from axa_django.worker import NotMigrated, PoolerMisconfigured, Worker
 
 
 def _positive_int(text: str) -> int:
@@ -70,7 +70,7 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from None
         try:
             code = worker.run()
-        except NotMigrated as error:
-            raise CommandError(str(error)) from None
+        except (NotMigrated, PoolerMisconfigured) as error:
+            raise CommandError(str(error), returncode=2) from None
         if code:
             sys.exit(code)
