@@ -6,6 +6,7 @@ import signal
 import socket
 from pathlib import Path
 
+import django
 import psycopg
 import pytest
 from django.db import connection, connections
@@ -66,6 +67,20 @@ def test_a_base_exception_from_a_job_fails_the_attempt_and_the_worker_goes_on(wo
     assert "raised by the" in row.errors[0]["message"] and "Traceback" in row.error
     assert lines(log_file) == [kind, kind]
     assert fresh(after).status == "completed" and fresh(after).result == 3
+
+
+@pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks needs Django >= 6.0")
+@pytest.mark.parametrize("kind", ["KeyboardInterrupt", "Custom"])
+def test_a_base_exception_from_a_task_fails_it_and_the_worker_goes_on(workers, kind):
+    result = hostile_jobs.task_raise_base.enqueue(kind)
+    after = jobs.add.perform_later(1, 2)
+    code, output = burst(workers, "--concurrency", "1")
+    assert code == 0, output
+    row = Job.objects.get(pk=result.id)
+    module = "tests.testapp.hostile_jobs" if kind == "Custom" else "builtins"
+    assert row.status == "failed" and row.errors[-1]["type"] == f"{module}.{kind}", (row.status, row.errors)
+    assert hostile_jobs.task_raise_base.get_result(result.id).status == "FAILED"
+    assert fresh(after).status == "completed"
 
 
 # -- 1.2 rows the worker cannot decode -------------------------------------------------

@@ -6,6 +6,7 @@ import os
 import threading
 import time
 
+import django
 from django.db import connection, transaction
 from django.dispatch import receiver
 
@@ -112,3 +113,11 @@ if os.environ.get("AXA_TEST_SLOW_HOUSEKEEPING"):
         if job.name == "tests.slow_housekeeping" and not _slowed.is_set():
             _slowed.set()
             time.sleep(3 * float(os.environ.get("AXA_TEST_LEASE", "3")) + 1)
+
+
+if django.VERSION >= (6, 0):
+    from django.tasks import task
+
+    @task
+    def task_raise_base(kind: str) -> None:
+        raise _KINDS[kind]("raised by the task")
