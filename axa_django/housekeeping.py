@@ -95,7 +95,8 @@ def _step(what: str, using: str | None, step: Callable[[], T]) -> T | None:
         # A timeout, a lock held elsewhere or a lost connection: the next
         # housekeeping tries again (on a new connection if this one broke).
         logger.warning("housekeeping failed to %s (%s); retrying later", what, str(error).strip())
-        if using is not None:
+        # Inside a caller's atomic() block this would close the caller's connection.
+        if using is not None and not connections[using].in_atomic_block:
             connections[using].close_if_unusable_or_obsolete()
     except Exception:  # scheduling and pruning must never stop the worker
         logger.exception("housekeeping failed to %s; retrying later", what)

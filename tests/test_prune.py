@@ -18,6 +18,7 @@ from django.db import connection, connections, transaction
 
 from axa_django import Job, housekeeping, pruning
 from tests.conftest import ROOT, Workers, wait_for
+from tests.test_cron import Housekeeper, finishes, held
 from tests.testapp import jobs
 
 NAME = "tests.testapp.jobs.add"
@@ -270,3 +271,36 @@ def test_prunejobs_help_runs() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "--older-than" in done.stdout and "--dry-run" in done.stdout
+
+
+@pytest.mark.django_db(transaction=True)
+def test_retention_pruning_gives_up_on_a_locked_table_instead_of_waiting(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings.AXA_DJANGO = {**settings.AXA_DJANGO, "RETENTION": 3600}
+    insert_rows(10, "completed", age="2 hours")
+    worker = Housekeeper([])
+    # SHARE mode lets readers and claims' row locks through but not a DELETE.
+    with held("LOCK TABLE axa_queue IN SHARE MODE") as release:
+        assert finishes(lambda: housekeeping.run(worker), release, "pruning to give up on the locked table") is None
+    assert "housekeeping failed to prune" in caplog.text and "lock timeout" in caplog.text
+    assert Job.objects.count() == 10
+    housekeeping.run(worker)  # the next housekeeping tries again
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_slow_retention_prune_is_cut_off_by_its_statement_timeout(
+    settings: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.AXA_DJANGO = {**settings.AXA_DJANGO, "RETENTION": 3600}
+    monkeypatch.setattr(housekeeping, "STATEMENT_TIMEOUT", 0.5)
+    insert_rows(10, "completed", age="2 hours")
+    with connection.cursor() as cursor:  # undone with the test's transaction
+        cursor.execute(
+            "CREATE FUNCTION axa_test_stall() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(30); RETURN NULL; END $$"
+        )
+        cursor.execute("CREATE TRIGGER axa_test_stall BEFORE DELETE ON axa_queue EXECUTE FUNCTION axa_test_stall()")
+    assert housekeeping.run(Housekeeper([])) is None
+    assert "housekeeping failed to prune" in caplog.text and "statement timeout" in caplog.text
+    assert Job.objects.count() == 10
