@@ -1,10 +1,14 @@
 """Periodic jobs: cron expressions checked at decoration, enqueued by running workers.
 
 Each scheduled job has a row in ``axa_schedule`` holding the scheduled time of the
-last occurrence enqueued. A worker enqueues an occurrence only if it moves that row
-forward (a compare-and-set in the same transaction as the enqueue), so each occurrence
-is enqueued once however many workers run. After downtime only the latest missed
-occurrence is enqueued.
+last occurrence enqueued. A worker locks that row (``FOR UPDATE SKIP LOCKED``: if
+another worker holds it, that worker is scheduling the job right now and this one
+skips it), enqueues every occurrence after it up to now, and moves it forward, all in
+one transaction, so each occurrence is enqueued once however many workers run and
+however seldom they look. Catch-up is bounded: occurrences scheduled within
+``CATCH_UP`` before now are all enqueued; older ones are dropped except the latest,
+which is enqueued if nothing newer is (so after downtime a job runs once, not once per
+missed occurrence). Each occurrence also carries the unique key ``cron:<time>``.
 """
 
 from __future__ import annotations
@@ -24,10 +28,22 @@ if TYPE_CHECKING:
     from .models import Job
     from .registry import JobFunction
 
-# Moves the schedule forward only if no worker has enqueued this occurrence (or a later one).
-ADVANCE = "UPDATE axa_schedule SET last_run = %(due)s WHERE name = %(name)s AND last_run < %(due)s RETURNING name"
-# First sight of a schedule: remember the latest occurrence without running it.
-FIRST_SIGHT = "INSERT INTO axa_schedule (name, last_run) VALUES (%(name)s, %(due)s) ON CONFLICT (name) DO NOTHING"
+# Occurrences at most this old when a worker looks are all enqueued; older ones are
+# dropped, except the latest when nothing newer is due.
+CATCH_UP = datetime.timedelta(seconds=60)
+
+# The schedule's row, locked for this transaction; no row back: absent, or another
+# worker is scheduling this job right now.
+LOCK = "SELECT last_run FROM axa_schedule WHERE name = %(name)s FOR UPDATE SKIP LOCKED"
+ADVANCE = "UPDATE axa_schedule SET last_run = %(due)s WHERE name = %(name)s"
+# First sight of a schedule: remember the latest occurrence without running it. The
+# NOT EXISTS reads the committed row without waiting, where ON CONFLICT alone would
+# wait for a worker that holds the row locked and has just moved it forward.
+FIRST_SIGHT = """
+INSERT INTO axa_schedule (name, last_run)
+SELECT %(name)s, %(due)s WHERE NOT EXISTS (SELECT 1 FROM axa_schedule WHERE name = %(name)s)
+ON CONFLICT (name) DO NOTHING
+"""
 
 
 def _croniter() -> Any:
@@ -44,7 +60,8 @@ def check_schedule(job: JobFunction[Any, Any]) -> None:
     if not isinstance(job.cron, str) or not croniter.is_valid(job.cron):
         raise ValueError(
             f"job {job.name!r}: cron={job.cron!r} is not a valid cron expression "
-            "(5 fields 'minute hour day month weekday', or 6 with seconds last)"
+            "(5 fields 'minute hour day month weekday', or 6 with seconds as the last field: "
+            "'* * * * * */10' is every 10 seconds)"
         )
     required = [
         p.name
@@ -80,6 +97,31 @@ def due(job: JobFunction[Any, Any], now: datetime.datetime) -> datetime.datetime
     return _croniter()(job.cron, start).get_prev(datetime.datetime)
 
 
+def occurrences(
+    job: JobFunction[Any, Any], last_run: datetime.datetime, now: datetime.datetime
+) -> list[datetime.datetime]:
+    """The occurrences of ``job`` to enqueue after ``last_run`` up to ``now``, oldest first.
+
+    Those scheduled within ``CATCH_UP`` before ``now``; if there are none, only the latest.
+    """
+    latest = due(job, now)
+    if latest <= last_run:
+        return []
+    # Start the walk at the window, not at last_run: a week of downtime of a
+    # per-second job must not walk 600,000 occurrences to drop them.
+    it = _croniter()(job.cron, max(last_run, now - CATCH_UP).astimezone(timezone()))
+    found = []
+    while (when := it.get_next(datetime.datetime)) <= now:
+        found.append(when)
+    return found or [latest]
+
+
+def seconds_until_next(jobs: Iterable[JobFunction[Any, Any]], now: datetime.datetime) -> float | None:
+    """Seconds from ``now`` to the earliest next occurrence of ``jobs``; None without jobs."""
+    upcoming = [next_runs(job, 1, after=now)[0] for job in jobs if job.cron is not None]
+    return min(upcoming).timestamp() - now.timestamp() if upcoming else None
+
+
 def unique_key(when: datetime.datetime) -> str:
     """The unique key of the occurrence scheduled at ``when``."""
     return "cron:" + when.astimezone(datetime.UTC).isoformat()
@@ -108,15 +150,17 @@ def schedule(
 ) -> list[Job]:
     """Enqueue every due occurrence not yet enqueued by any worker; return the jobs written.
 
-    ``now`` (aware) defaults to the database clock. A schedule seen for the first time
-    only records its latest occurrence, so deploying a job does not run it at once.
+    ``now`` (aware) defaults to the database clock. Each job's schedule is handled in
+    its own transaction (a savepoint inside the caller's). A schedule seen for the
+    first time only records its latest occurrence, so deploying a job does not run it
+    at once. See the module docstring for the catch-up rule.
     """
     if now is not None and now.utcoffset() is None:
         raise ValueError("now must be timezone-aware")
     jobs = scheduled_jobs(names, queues)
     if not jobs:
         return []
-    # The queue database, where rows.write inserts: the compare-and-set must share its transaction.
+    # The queue database, where rows.write inserts: the schedule's row must share its transaction.
     using = conf.get("DATABASE")
     if now is None:
         with connections[using].cursor() as cursor:
@@ -124,13 +168,17 @@ def schedule(
             now = cursor.fetchone()[0]
     written = []
     for job in jobs:
-        when = due(job, now)
-        params = {"name": job.name, "due": when}
         with transaction.atomic(using=using), connections[using].cursor() as cursor:
-            cursor.execute(ADVANCE, params)
-            if cursor.fetchone() is None:
-                cursor.execute(FIRST_SIGHT, params)
+            cursor.execute(LOCK, {"name": job.name})
+            row = cursor.fetchone()
+            if row is None:
+                # Absent: record it. Present but locked: another worker is on it; skip.
+                cursor.execute(FIRST_SIGHT, {"name": job.name, "due": due(job, now)})
                 continue
-            options = replace(job.options, run_at=when, unique_key=unique_key(when), on_duplicate="return")
-            written.append(rows.write(job.name, {}, options, job))
+            whens = occurrences(job, row[0], now)
+            for when in whens:
+                options = replace(job.options, run_at=when, unique_key=unique_key(when), on_duplicate="return")
+                written.append(rows.write(job.name, {}, options, job))
+            if whens:
+                cursor.execute(ADVANCE, {"name": job.name, "due": whens[-1]})
     return written

@@ -2,17 +2,22 @@
 
 ``run(worker)`` is called from the dispatcher's housekeeping; it uses the dispatcher
 thread's Django connection, and only when there is something to do, so a worker with
-no periodic jobs and no RETENTION opens no extra connection.
+no periodic jobs and no RETENTION opens no extra connection. Each step runs in its
+own transaction under ``SET LOCAL`` lock and statement timeouts, so a locked table or
+a slow statement costs the dispatcher seconds, not the lease: the step is abandoned
+with a warning and tried again at the next housekeeping.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, OperationalError, connections, transaction
 
 from . import conf, cron, pruning
 
@@ -24,29 +29,101 @@ logger = logging.getLogger("axa_django")
 CANCEL_CHANNEL = "axa_cancel"
 # Rows a worker prunes per housekeeping: small enough not to delay claims noticeably.
 RETENTION_BATCH = 2000
+# Bounds of one housekeeping statement, in seconds: waiting for a lock, and running.
+LOCK_TIMEOUT = 1.0
+STATEMENT_TIMEOUT = 5.0
+
+T = TypeVar("T")
 
 
-def run(worker: Worker) -> None:
-    """Enqueue due periodic jobs this worker could run, then prune one batch if RETENTION is set."""
+class Housekeeper(Protocol):
+    """What ``run`` needs of a worker."""
+
+    queues: list[str] | None
+    using: str
+
+    def handler_names(self) -> list[str]: ...
+
+
+@contextlib.contextmanager
+def bounded(using: str) -> Iterator[None]:
+    """A transaction on ``using`` whose statements give up after the housekeeping timeouts."""
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        # SET LOCAL (is_local=true): ends with the transaction, so nothing stays on a
+        # pooled server connection.
+        cursor.execute(
+            "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
+            [f"{round(LOCK_TIMEOUT * 1000)}ms", f"{round(STATEMENT_TIMEOUT * 1000)}ms"],
+        )
+        yield
+
+
+def _schedule(worker: Housekeeper, names: list[str]) -> datetime.datetime:
+    """Enqueue due periodic jobs, one savepoint per job; return the database time used."""
+    using = conf.get("DATABASE")  # where cron.schedule writes
+    with bounded(using):
+        with connections[using].cursor() as cursor:
+            cursor.execute("SELECT now()")
+            now: datetime.datetime = cursor.fetchone()[0]
+        for job in cron.scheduled_jobs(names, worker.queues):
+            try:
+                written = cron.schedule(now, names=[job.name])
+            except OperationalError:
+                raise  # a timeout or a lost connection: give up the whole step
+            except Exception:  # one broken schedule must not hold back the others
+                logger.exception("housekeeping failed to schedule periodic job %s; retrying later", job.name)
+                continue
+            for enqueued in written:
+                logger.info("enqueued periodic job %s %s for %s", enqueued.name, enqueued.id, enqueued.unique_key)
+    return now
+
+
+def _prune(worker: Housekeeper, retention: float) -> None:
+    with bounded(worker.using):
+        deleted = pruning.prune_batch(
+            datetime.timedelta(seconds=retention), batch_size=RETENTION_BATCH, using=worker.using
+        )
+    if deleted:
+        logger.info("pruned %d finished job(s) older than RETENTION", deleted)
+
+
+def _step(what: str, using: str | None, step: Callable[[], T]) -> T | None:
+    """Run one housekeeping step; log its failure and return None instead of raising."""
+    try:
+        return step()
+    except DatabaseError as error:
+        # A timeout, a lock held elsewhere or a lost connection: the next
+        # housekeeping tries again (on a new connection if this one broke).
+        logger.warning("housekeeping failed to %s (%s); retrying later", what, str(error).strip())
+        # Inside a caller's atomic() block this would close the caller's connection.
+        if using is not None and not connections[using].in_atomic_block:
+            connections[using].close_if_unusable_or_obsolete()
+    except Exception:  # scheduling and pruning must never stop the worker
+        logger.exception("housekeeping failed to %s; retrying later", what)
+    return None
+
+
+def run(worker: Housekeeper) -> float | None:
+    """Enqueue due periodic jobs this worker could run, then prune one batch if RETENTION is set.
+
+    Return the seconds until the next occurrence of those periodic jobs, or None if
+    there are none, so the worker can come back in time for it.
+    """
     retention = conf.get("RETENTION")
     names = worker.handler_names()
-    if not cron.scheduled_jobs(names, worker.queues) and retention is None:
-        return
-    try:
-        for job in cron.schedule(names=names, queues=worker.queues):
-            logger.info("enqueued periodic job %s %s for %s", job.name, job.id, job.unique_key)
-        if retention is not None:
-            deleted = pruning.prune_batch(
-                datetime.timedelta(seconds=retention), batch_size=RETENTION_BATCH, using=worker.using
-            )
-            if deleted:
-                logger.info("pruned %d finished job(s) older than RETENTION", deleted)
-    except DatabaseError as error:
-        # The next housekeeping tries again, on a new connection if this one broke.
-        logger.warning("housekeeping failed (%s); retrying later", error)
-        connections[worker.using].close_if_unusable_or_obsolete()
-    except Exception:  # scheduling and pruning must never stop the worker
-        logger.exception("housekeeping failed; retrying later")
+    jobs = cron.scheduled_jobs(names, worker.queues)
+    now = None
+    if jobs:
+        now = _step("schedule periodic jobs", conf.get("DATABASE"), lambda: _schedule(worker, names))
+    if retention is not None:
+        _step("prune", worker.using, lambda: _prune(worker, retention))
+    # Only when the database could not be read: the host clock, merely to choose
+    # when to look again (what is due is always decided by the database clock).
+    now = now or datetime.datetime.now(datetime.UTC)
+    waits = [
+        _step(f"find the next run of {job.name}", None, lambda j=job: cron.seconds_until_next([j], now)) for job in jobs
+    ]
+    return min((wait for wait in waits if wait is not None), default=None)
 
 
 def relay_cancel(worker: Worker, payload: str) -> None:

@@ -19,10 +19,13 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 # created_at bound lets the (status, created_at) index find the rows. SKIP LOCKED: a
 # row someone is changing right now waits for the next batch instead of blocking this one.
 _MATCH = "status = ANY(%(statuses)s) AND created_at < %(cutoff)s AND updated_at < %(cutoff)s"
+# ARRAY(subquery) is an InitPlan, run once per statement. With ``id IN (subquery)`` the
+# planner may pick a nested-loop semi join that rescans the subquery per outer row, each
+# rescan locking LIMIT more rows: one "batch" then deletes every matching row.
 DELETE_BATCH = f"""
-DELETE FROM axa_queue WHERE id IN (
+DELETE FROM axa_queue WHERE id = ANY(ARRAY(
     SELECT id FROM axa_queue WHERE {_MATCH} LIMIT %(limit)s FOR UPDATE SKIP LOCKED
-)
+))
 """
 COUNT = f"SELECT count(*) FROM axa_queue WHERE {_MATCH}"
 

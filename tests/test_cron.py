@@ -1,18 +1,22 @@
-"""Periodic jobs: validation, next runs, exactly-once enqueue per tick, listjobs."""
+"""Periodic jobs: validation, next runs, every occurrence once with bounded catch-up, timeouts, listjobs."""
 
 from __future__ import annotations
 
 import datetime
 import re
+import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from io import StringIO
 from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.db import connection, connections, transaction
 
-from axa_django import Job, background_job, cron, registry
+from axa_django import Job, background_job, cron, housekeeping, registry
 from axa_django.models import Schedule
 from axa_django.registry import JobFunction
 from tests.conftest import Workers, wait_for
@@ -196,3 +200,174 @@ def test_a_failing_schedule_does_not_stop_the_worker(
     job.refresh_from_db()
     assert job.result == 3
     assert "housekeeping failed" in caplog.text
+
+
+# -- catch-up: every occurrence once, whatever the housekeeping interval ------------------
+
+
+def seconds(*offsets: int) -> list[str]:
+    """Unique keys of the per-second occurrences at 02:00:00 plus each offset."""
+    return [cron.unique_key(at(2, 0) + datetime.timedelta(seconds=s)) for s in offsets]
+
+
+@dataclass
+class Housekeeper:
+    """The little of a worker that housekeeping.run reads."""
+
+    names: list[str]
+    queues: list[str] | None = None
+    using: str = "default"
+
+    def handler_names(self) -> list[str]:
+        return self.names
+
+
+@contextmanager
+def held(statement: str) -> Iterator[threading.Event]:
+    """Hold the lock ``statement`` takes, in another connection's transaction, until the block ends or the event is set."""
+    taken, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(statement)
+                taken.set()
+                release.wait(timeout=120)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert taken.wait(timeout=30), f"could not {statement}"
+        yield release
+    finally:
+        release.set()
+        thread.join(timeout=60)
+
+
+def finishes(call: Callable[[], Any], release: threading.Event, what: str) -> Any:
+    """Run ``call`` in a thread with its own connection; fail if it still waits after a generous deadline."""
+    results: list[Any] = []
+
+    def run() -> None:
+        try:
+            results.append(call())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        wait_for(lambda: not thread.is_alive(), timeout=30, what=what)
+    finally:
+        release.set()  # a call still waiting for the lock gets it now and ends
+        thread.join(timeout=60)
+    return results[0]
+
+
+@pytest.fixture
+def per_second() -> Iterator[JobFunction[Any, Any]]:
+    """A job on '* * * * * *' (croniter's seconds field is the last), for one test only."""
+    job = background_job(name="tests.per_second", cron="* * * * * *")(every_five)
+    yield job
+    registry.registry.pop(job.name, None)
+
+
+@pytest.mark.django_db
+def test_housekeeping_every_ten_seconds_enqueues_every_second_once(per_second: JobFunction[Any, Any]) -> None:
+    names = [per_second.name]
+    start = at(2, 0) + datetime.timedelta(milliseconds=300)
+    assert cron.schedule(start, names=names) == []  # first sight: 02:00:00
+    keys = []
+    for step in range(1, 7):
+        keys += [job.unique_key for job in cron.schedule(start + datetime.timedelta(seconds=10 * step), names=names)]
+    assert keys == seconds(*range(1, 61))
+    assert Schedule.objects.get(name=per_second.name).last_run == at(2, 1)
+
+
+@pytest.mark.django_db
+def test_every_five_seconds_gets_25_35_and_45() -> None:
+    job = background_job(name="tests.every_five_seconds", cron="* * * * * */5")(every_five)
+    try:
+        assert cron.schedule(at(2, 0, 20), names=[job.name]) == []
+        keys = [j.unique_key for now in (30, 40, 50) for j in cron.schedule(at(2, 0, now), names=[job.name])]
+        assert keys == seconds(25, 30, 35, 40, 45, 50)
+    finally:
+        registry.registry.pop(job.name, None)
+
+
+@pytest.mark.django_db
+def test_catch_up_is_the_last_minute_then_only_the_latest(per_second: JobFunction[Any, Any]) -> None:
+    names = [per_second.name]
+    cron.schedule(at(2, 0), names=names)
+    # Five minutes down: the occurrences of the last CATCH_UP (60 s) run, older ones do not.
+    keys = [job.unique_key for job in cron.schedule(at(2, 5), names=names)]
+    assert datetime.timedelta(seconds=60) == cron.CATCH_UP
+    assert keys == seconds(*range(241, 301))
+    assert cron.occurrences(per_second, at(2, 5), at(2, 5)) == []
+    hourly = background_job(name="tests.hourly", cron="0 * * * *")(every_five)
+    try:
+        # Nothing within the window: only the latest missed occurrence.
+        assert cron.occurrences(hourly, at(0, 0), at(5, 30)) == [at(5, 0)]
+        assert cron.occurrences(hourly, at(5, 0), at(5, 30)) == []
+    finally:
+        registry.registry.pop(hourly.name, None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_schedulers_enqueue_every_second_once(per_second: JobFunction[Any, Any]) -> None:
+    names = [per_second.name]
+    cron.schedule(at(2, 0), names=names)
+    written: list[Job] = []
+    for step in range(1, 7):
+        # Four workers housekeeping at about the same time, their clocks a little apart.
+        now = at(2, 0) + datetime.timedelta(seconds=10 * step)
+        for jobs in in_threads(
+            4, lambda i, now=now: cron.schedule(now + i * datetime.timedelta(seconds=0.3), names=names)
+        ):
+            written += jobs
+    assert sorted(job.unique_key for job in written) == seconds(*range(1, 61))
+    assert Counter(Job.objects.values_list("unique_key", flat=True)) == Counter(seconds(*range(1, 61)))
+
+
+@pytest.mark.django_db
+def test_housekeeping_returns_seconds_until_the_next_occurrence(
+    per_second: JobFunction[Any, Any], five: JobFunction[Any, Any]
+) -> None:
+    assert 0 < housekeeping.run(Housekeeper([per_second.name, five.name])) <= 1
+    assert 0 < housekeeping.run(Housekeeper([five.name])) <= 300
+    assert housekeeping.run(Housekeeper(["tests.testapp.jobs.add"])) is None
+    assert housekeeping.run(Housekeeper([five.name], queues=["default"])) is None
+
+
+# -- housekeeping cannot block the dispatcher for long ----------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_locked_schedule_table_makes_housekeeping_give_up_not_wait(
+    per_second: JobFunction[Any, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    worker = Housekeeper([per_second.name])
+    housekeeping.run(worker)  # first sight
+    with held("LOCK TABLE axa_schedule IN ACCESS EXCLUSIVE MODE") as release:
+        waited = finishes(lambda: housekeeping.run(worker), release, "housekeeping to give up on the locked table")
+    assert 0 < waited <= 1  # still tells the worker when to come back
+    assert "housekeeping failed to schedule periodic jobs" in caplog.text
+    assert "lock timeout" in caplog.text
+    assert not Job.objects.exists()
+    # The timeouts were SET LOCAL: nothing stays on the connection after the step.
+    with connection.cursor() as cursor:
+        housekeeping.run(worker)
+        cursor.execute("SELECT current_setting('lock_timeout'), current_setting('statement_timeout')")
+        assert cursor.fetchone() == ("0", "0")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_locked_schedule_row_is_skipped_not_waited_for(per_second: JobFunction[Any, Any]) -> None:
+    names = [per_second.name]
+    cron.schedule(at(2, 0), names=names)
+    with held(f"SELECT * FROM axa_schedule WHERE name = '{per_second.name}' FOR UPDATE") as release:
+        # Another worker is scheduling this job right now: skip it at once.
+        assert finishes(lambda: cron.schedule(at(2, 0, 10), names=names), release, "a schedule that skips") == []
+    assert len(cron.schedule(at(2, 0, 10), names=names)) == 10

@@ -1,11 +1,13 @@
-"""Pruning finished jobs: durations, filters, batches, RETENTION, and 200,000 rows beside a busy worker."""
+"""Pruning finished jobs: durations, filters, batches under any plan, RETENTION, beside a busy worker."""
 
 from __future__ import annotations
 
 import datetime
+import json
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from io import StringIO
 from typing import Any
 
@@ -16,6 +18,7 @@ from django.db import connection, connections, transaction
 
 from axa_django import Job, housekeeping, pruning
 from tests.conftest import ROOT, Workers, wait_for
+from tests.test_cron import Housekeeper, finishes, held
 from tests.testapp import jobs
 
 NAME = "tests.testapp.jobs.add"
@@ -110,32 +113,93 @@ def test_prune_refuses_to_run_in_one_transaction() -> None:
         pruning.prune(datetime.timedelta(days=7))
 
 
+# Planner settings that make PostgreSQL choose a nested loop over every join it can:
+# with ``id IN (SELECT ... LIMIT n)`` the subquery becomes the rescanned inner side.
+NESTED_LOOPS = ("hashjoin", "mergejoin")
+EVERY_NESTED_LOOP = (*NESTED_LOOPS, "hashagg", "material", "sort", "indexscan", "bitmapscan")
+
+
+def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan, depth first."""
+    yield node
+    for child in node.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+def batch_params(batch_size: int) -> dict[str, Any]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now() - interval '7 days'")
+        return {"statuses": list(pruning.FINISHED), "limit": batch_size, "cutoff": cursor.fetchone()[0]}
+
+
+@pytest.mark.parametrize("disabled", [NESTED_LOOPS, EVERY_NESTED_LOOP], ids=["no-hash-merge", "every-nested-loop"])
+@pytest.mark.django_db
+def test_one_batch_deletes_at_most_its_limit_under_any_plan(disabled: tuple[str, ...]) -> None:
+    insert_rows(20_000)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE axa_queue")
+        for setting in disabled:  # SET LOCAL: undone with the test's transaction
+            cursor.execute(f"SET LOCAL enable_{setting} = off")
+        cursor.execute("EXPLAIN (FORMAT JSON) " + pruning.DELETE_BATCH, batch_params(500))
+        [[explained]] = cursor.fetchall()
+    # Django's psycopg setup may hand json back as text.
+    plan = (json.loads(explained) if isinstance(explained, str) else explained)[0]["Plan"]
+
+    # The row-locking LIMIT runs once, as an InitPlan of the DELETE, never inside a join.
+    nodes = list(plan_nodes(plan))
+    assert not [n["Node Type"] for n in nodes if "Join Type" in n], plan
+    [init_plan] = [n for n in nodes if n.get("Parent Relationship") == "InitPlan"]
+    assert [n["Node Type"] for n in plan_nodes(init_plan)][:2] == ["Limit", "LockRows"], plan
+
+    assert pruning.prune_batch(datetime.timedelta(days=7), batch_size=500) == 500
+    assert Job.objects.count() == 20_000 - 500
+
+
 @pytest.mark.django_db(transaction=True)
-def test_prune_200000_rows_while_a_worker_drains(workers: Workers) -> None:
-    insert_rows(200_000)
+def test_prunejobs_batches_hold_under_forced_nested_loops() -> None:
+    insert_rows(2_500)
+    options = " ".join(f"-c enable_{setting}=off" for setting in EVERY_NESTED_LOOP)
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "prunejobs", "--older-than", "7d", "--batch-size", "500"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=Workers().env(PGOPTIONS=options),  # libpq sends these with every connection
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        *(f"deleted 500 (total {total})" for total in range(500, 2_501, 500)),
+        "deleted 2500 cancelled/completed/failed jobs older than 7d",
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_keeps_draining_while_a_prune_runs(workers: Workers) -> None:
+    insert_rows(20_000)
     workers.start("--concurrency", "4")
-    drained = jobs.add.perform_later_many([{"a": i, "b": 1} for i in range(1000)])
-    # Every fifth batch, the pruner waits for the worker to run a job enqueued right then:
+    drained = jobs.add.perform_later_many([{"a": i, "b": 1} for i in range(300)])
+    # Every other batch, the pruner waits for the worker to run a job enqueued right then:
     # the prune cannot finish unless the worker keeps going while it runs.
     probes: list[Job] = []
 
     def progress(deleted: int, total: int) -> None:
-        if len(probes) < 8 and total % 25_000 == 0 and deleted:
+        if deleted and total % 4_000 == 0:
             probe = jobs.add.perform_later(total, b=0)
             probes.append(probe)
             wait_for(lambda: Job.objects.get(pk=probe.pk).status == "completed", what=f"a job at {total} pruned")
 
-    deleted = pruning.prune(datetime.timedelta(days=7), progress=progress)
+    deleted = pruning.prune(datetime.timedelta(days=7), batch_size=2_000, progress=progress)
 
-    assert deleted == 200_000
-    assert len(probes) == 8
+    assert deleted == 20_000
+    assert len(probes) == 5
     week_ago = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=7)
     assert Job.objects.filter(created_at__lt=week_ago).count() == 0
     wait_for(
-        lambda: Job.objects.filter(id__in=[j.id for j in drained], status="completed").count() == 1000,
-        what="the worker drained its 1000 jobs",
+        lambda: Job.objects.filter(id__in=[j.id for j in drained], status="completed").count() == 300,
+        what="the worker drained its 300 jobs",
     )
-    assert Job.objects.count() == 1000 + len(probes)
+    assert Job.objects.count() == 300 + len(probes)
     assert Job.objects.get(pk=probes[-1].pk).result == probes[-1].args["a"]
 
 
@@ -207,3 +271,36 @@ def test_prunejobs_help_runs() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "--older-than" in done.stdout and "--dry-run" in done.stdout
+
+
+@pytest.mark.django_db(transaction=True)
+def test_retention_pruning_gives_up_on_a_locked_table_instead_of_waiting(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings.AXA_DJANGO = {**settings.AXA_DJANGO, "RETENTION": 3600}
+    insert_rows(10, "completed", age="2 hours")
+    worker = Housekeeper([])
+    # SHARE mode lets readers and claims' row locks through but not a DELETE.
+    with held("LOCK TABLE axa_queue IN SHARE MODE") as release:
+        assert finishes(lambda: housekeeping.run(worker), release, "pruning to give up on the locked table") is None
+    assert "housekeeping failed to prune" in caplog.text and "lock timeout" in caplog.text
+    assert Job.objects.count() == 10
+    housekeeping.run(worker)  # the next housekeeping tries again
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_slow_retention_prune_is_cut_off_by_its_statement_timeout(
+    settings: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.AXA_DJANGO = {**settings.AXA_DJANGO, "RETENTION": 3600}
+    monkeypatch.setattr(housekeeping, "STATEMENT_TIMEOUT", 0.5)
+    insert_rows(10, "completed", age="2 hours")
+    with connection.cursor() as cursor:  # undone with the test's transaction
+        cursor.execute(
+            "CREATE FUNCTION axa_test_stall() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(30); RETURN NULL; END $$"
+        )
+        cursor.execute("CREATE TRIGGER axa_test_stall BEFORE DELETE ON axa_queue EXECUTE FUNCTION axa_test_stall()")
+    assert housekeeping.run(Housekeeper([])) is None
+    assert "housekeeping failed to prune" in caplog.text and "statement timeout" in caplog.text
+    assert Job.objects.count() == 10
