@@ -472,7 +472,7 @@ class Worker:
         self._rescue()
         soonest = housekeeping.run(self)
         if soonest is not None:
-            interval = max(0.0, min(interval, soonest))
+            interval = max(0.01, min(interval, soonest))
         return interval
 
     def _claim(self, names: list[str], limit: int) -> list[Claimed] | None:

@@ -371,3 +371,18 @@ def test_a_locked_schedule_row_is_skipped_not_waited_for(per_second: JobFunction
         # Another worker is scheduling this job right now: skip it at once.
         assert finishes(lambda: cron.schedule(at(2, 0, 10), names=names), release, "a schedule that skips") == []
     assert len(cron.schedule(at(2, 0, 10), names=names)) == 10
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_with_a_long_lease_enqueues_every_second_of_a_per_second_schedule(workers: Workers) -> None:
+    # Housekeeping every LEASE_SECONDS / 3 = 10 s: the worker must still wake for each occurrence.
+    workers.start("--concurrency", "2", env=workers.env(AXA_TEST_CRON="1", AXA_TEST_LEASE="30"))
+
+    def ticks() -> list[datetime.datetime]:
+        keys = Job.objects.filter(name="tests.every_second").values_list("unique_key", flat=True)
+        return sorted(datetime.datetime.fromisoformat(key.removeprefix("cron:")) for key in keys)
+
+    wait_for(lambda: len(ticks()) >= 6, timeout=30, what="six ticks of tests.every_second")
+    seen = ticks()
+    gaps = [b - a for a, b in zip(seen, seen[1:], strict=False)]
+    assert gaps and all(gap == datetime.timedelta(seconds=1) for gap in gaps), seen
