@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import itertools
 import re
 import threading
 from collections import Counter
@@ -384,5 +385,5 @@ def test_a_worker_with_a_long_lease_enqueues_every_second_of_a_per_second_schedu
 
     wait_for(lambda: len(ticks()) >= 6, timeout=30, what="six ticks of tests.every_second")
     seen = ticks()
-    gaps = [b - a for a, b in zip(seen, seen[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(seen)]
     assert gaps and all(gap == datetime.timedelta(seconds=1) for gap in gaps), seen
