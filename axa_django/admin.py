@@ -66,12 +66,20 @@ def format_duration(value: datetime.timedelta | None) -> str:
     return f"{int(seconds // 86400)} d {int(seconds % 86400 // 3600)} h"
 
 
+def local_time(value: datetime.datetime) -> datetime.datetime:
+    """``value`` in the current time zone, aware; a naive value (USE_TZ = False) is taken as TIME_ZONE's."""
+    if timezone.is_aware(value):
+        return timezone.localtime(value)
+    # With USE_TZ = False, Django reads timestamptz columns as naive datetimes in TIME_ZONE.
+    return value.replace(tzinfo=timezone.get_default_timezone())
+
+
 def format_time(value: datetime.datetime | None) -> SafeString:
     """A compact timestamp in the current time zone (time only if today), the full one on hover."""
     if value is None:
         return mark_safe("-")
-    local = timezone.localtime(value)
-    today = timezone.localdate()
+    local = local_time(value)
+    today = local_time(timezone.now()).date()
     if local.date() == today:
         short = local.strftime("%H:%M:%S")
     elif local.year == today.year:
@@ -85,7 +93,7 @@ def full_time(value: datetime.datetime | None) -> str:
     """A timestamp to the millisecond with its zone, for the detail page."""
     if value is None:
         return "-"
-    local = timezone.localtime(value)
+    local = local_time(value)
     return f"{local:%Y-%m-%d %H:%M:%S}.{local.microsecond // 1000:03d} {local.tzname()}"
 
 
