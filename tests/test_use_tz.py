@@ -120,3 +120,11 @@ def test_format_helpers_take_naive_and_aware_times(zone: str) -> None:
     svg = str(dashboard.chart_svg(hours))
     assert f"2025-01-15 {clock[:2]}:00: 1 completed, 0 failed" in svg
     assert f"2025-01-15 {clock[:2]}:00: 0 completed, 1 failed" in svg
+
+
+def test_retry_and_cancel_buttons_work(admin_client: Client, zone: str) -> None:
+    ids = write_rows()
+    for view, status, after in (("retry", "failed", "queued"), ("cancel", "queued", "cancelled")):
+        response = admin_client.post(reverse(f"admin:axa_django_job_{view}", args=[ids[status]]), follow=True)
+        assert response.status_code == 200, view
+        assert Job.objects.get(pk=ids[status]).status == after
