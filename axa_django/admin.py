@@ -450,12 +450,12 @@ class JobAdmin(admin.ModelAdmin):
         except IncorrectLookupParameters:
             self.message_user(request, "Those filters are not valid; nothing was retried.", messages.ERROR)
             return HttpResponseRedirect(back)
-        changed = changelist.queryset.retry()
-        text = f"Queued {changed} failed job{'s' if changed != 1 else ''} matching this filter to run again."
+        result = changelist.queryset.retry()
+        text = f"Queued {result} failed job{'s' if result != 1 else ''} matching this filter to run again."
         self.message_user(
             request,
-            text + _key_skips(changed),
-            messages.SUCCESS if changed and not changed.skipped else messages.WARNING,
+            text + _key_skips(result),
+            messages.SUCCESS if result and not result.skipped else messages.WARNING,
         )
         return HttpResponseRedirect(f"{back}?{query}" if query else back)
 
@@ -472,8 +472,8 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.action(description="Retry selected failed jobs", permissions=["retry"])
     def retry_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        changed = queryset.retry()
-        self._report(request, changed, "queued to run again", "not failed", len(changed.skipped), _key_skips(changed))
+        result = queryset.retry()
+        self._report(request, result, "queued to run again", "not failed", len(result.skipped), _key_skips(result))
 
     @admin.action(description="Cancel selected jobs", permissions=["cancel"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
