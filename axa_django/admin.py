@@ -24,7 +24,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
 from . import dashboard, registry
-from .models import Job
+from .models import Job, RetryResult
 from .pagination import EstimatedCountPaginator
 from .proxies import FailedJob, QueueDashboard
 
@@ -66,12 +66,20 @@ def format_duration(value: datetime.timedelta | None) -> str:
     return f"{int(seconds // 86400)} d {int(seconds % 86400 // 3600)} h"
 
 
+def local_time(value: datetime.datetime) -> datetime.datetime:
+    """``value`` in the current time zone, aware; a naive value (USE_TZ = False) is taken as TIME_ZONE's."""
+    if timezone.is_aware(value):
+        return timezone.localtime(value)
+    # With USE_TZ = False, Django reads timestamptz columns as naive datetimes in TIME_ZONE.
+    return value.replace(tzinfo=timezone.get_default_timezone())
+
+
 def format_time(value: datetime.datetime | None) -> SafeString:
     """A compact timestamp in the current time zone (time only if today), the full one on hover."""
     if value is None:
         return mark_safe("-")
-    local = timezone.localtime(value)
-    today = timezone.localdate()
+    local = local_time(value)
+    today = local_time(timezone.now()).date()
     if local.date() == today:
         short = local.strftime("%H:%M:%S")
     elif local.year == today.year:
@@ -85,7 +93,7 @@ def full_time(value: datetime.datetime | None) -> str:
     """A timestamp to the millisecond with its zone, for the detail page."""
     if value is None:
         return "-"
-    local = timezone.localtime(value)
+    local = local_time(value)
     return f"{local:%Y-%m-%d %H:%M:%S}.{local.microsecond // 1000:03d} {local.tzname()}"
 
 
@@ -398,9 +406,13 @@ class JobAdmin(admin.ModelAdmin):
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         job = self._post_target(request, object_id, self.has_retry_permission(request))
-        if Job.objects.filter(pk=job.pk).retry():
+        result = Job.objects.filter(pk=job.pk).retry()
+        if result:
             self.log_change(request, job, "Retried: queued to run again.")
             self.message_user(request, f"Job {job.pk} is queued to run again.", messages.SUCCESS)
+        elif job.pk in result.skipped:
+            text = f"Job {job.pk} was not retried: its unique key {job.unique_key!r} is {_in_use(result, job.pk)}."
+            self.message_user(request, text, messages.WARNING)
         else:
             job.refresh_from_db()
             text = f"Job {job.pk} was not retried: it is {job.status}, not failed."
@@ -438,11 +450,12 @@ class JobAdmin(admin.ModelAdmin):
         except IncorrectLookupParameters:
             self.message_user(request, "Those filters are not valid; nothing was retried.", messages.ERROR)
             return HttpResponseRedirect(back)
-        changed = changelist.queryset.retry()
+        result = changelist.queryset.retry()
+        text = f"Queued {result} failed job{'s' if result != 1 else ''} matching this filter to run again."
         self.message_user(
             request,
-            f"Queued {changed} failed job{'s' if changed != 1 else ''} matching this filter to run again.",
-            messages.SUCCESS if changed else messages.WARNING,
+            text + _key_skips(result),
+            messages.SUCCESS if result and not result.skipped else messages.WARNING,
         )
         return HttpResponseRedirect(f"{back}?{query}" if query else back)
 
@@ -459,21 +472,46 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.action(description="Retry selected failed jobs", permissions=["retry"])
     def retry_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        changed = queryset.retry()
-        self._report(request, changed, "queued to run again", "not failed")
+        result = queryset.retry()
+        self._report(request, result, "queued to run again", "not failed", len(result.skipped), _key_skips(result))
 
     @admin.action(description="Cancel selected jobs", permissions=["cancel"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         changed = queryset.cancel()
         self._report(request, changed, "cancelled (running ones asked to stop)", "already finished or cancelling")
 
-    def _report(self, request: HttpRequest, changed: int, done: str, skipped_because: str) -> None:
+    def _report(
+        self,
+        request: HttpRequest,
+        changed: int,
+        done: str,
+        skipped_because: str,
+        explained: int = 0,
+        explanation: str = "",
+    ) -> None:
+        """Say how many changed, how many were skipped for ``skipped_because``, then the ``explained`` others."""
         text = f"{changed} job{'s' if changed != 1 else ''} {done}."
         if request.POST.get("select_across") != "1":
-            skipped = len(request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME)) - changed
+            skipped = len(request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME)) - changed - explained
             if skipped > 0:
                 text += f" Skipped {skipped} {'jobs' if skipped != 1 else 'job'} {skipped_because}."
-        self.message_user(request, text, messages.SUCCESS if changed else messages.WARNING)
+        text += explanation
+        self.message_user(request, text, messages.SUCCESS if changed and not explained else messages.WARNING)
+
+
+def _in_use(result: RetryResult, job_id: uuid.UUID) -> str:
+    holder = result.skipped[job_id]
+    return f"in use by job {holder}" if holder is not None else "in use by another job"
+
+
+def _key_skips(result: RetryResult, shown: int = 5) -> str:
+    """The jobs a retry left failed because their unique key is in use, each with the job holding it."""
+    if not result.skipped:
+        return ""
+    count = len(result.skipped)
+    named = [f"job {job_id} (key {_in_use(result, job_id)})" for job_id in list(result.skipped)[:shown]]
+    more = f" and {count - shown} more" if count > shown else ""
+    return f" Skipped {count} job{'s' if count != 1 else ''} whose unique key is in use: {'; '.join(named)}{more}."
 
 
 def _cancellable(job: Job) -> bool:

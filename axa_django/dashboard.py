@@ -132,6 +132,7 @@ def chart_svg(hours: list[Hour], width: int = 720, height: int = 180) -> SafeStr
     for i, hour in enumerate(hours):
         x = left + i * slot + 1
         w = max(slot - 2, 1)
+        # Naive with USE_TZ = False: already in TIME_ZONE, as Django reads it.
         local = timezone.localtime(hour.start) if timezone.is_aware(hour.start) else hour.start
         label = local.strftime("%H:00")
         ok_h = hour.completed * scale

@@ -5,10 +5,97 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.db import connections, models
+from django.db import IntegrityError, connections, models, transaction
 from django.db.models.functions import Now
 
 from . import sql
+
+# Queue failed jobs again, in one statement. A unique key held by a queued or running
+# job, or wanted by two rows of the batch, would break axa_queue_unique (ON CONFLICT
+# does not apply to UPDATE): such rows stay failed and come back with the holder's id.
+# Rows out: (id, true, NULL) for each job retried, (id, false, holder) for each one skipped.
+RETRY = """
+WITH candidate AS (
+    SELECT q.id, q.name, q.unique_key, q.finished_at FROM axa_queue q
+    {candidates} AND q.status = 'failed'
+    FOR UPDATE
+), ranked AS (
+    SELECT c.id,
+        (SELECT l.id FROM axa_queue l
+         WHERE l.name = c.name AND l.unique_key = c.unique_key AND l.status IN ('queued', 'running')
+         LIMIT 1) AS live,
+        CASE WHEN c.unique_key IS NULL THEN c.id ELSE first_value(c.id) OVER (
+            PARTITION BY c.name, c.unique_key ORDER BY c.finished_at DESC NULLS LAST, c.id
+        ) END AS first
+    FROM candidate c
+), retried AS (
+    UPDATE axa_queue q
+    SET status = 'queued', run_at = now(), started_at = NULL, finished_at = NULL,
+        worker_id = NULL, attempts = 0, updated_at = now()
+    FROM ranked r
+    WHERE q.id = r.id AND r.live IS NULL AND r.first = r.id
+    RETURNING q.id
+)
+SELECT id, true, NULL::uuid FROM retried
+UNION ALL
+SELECT id, false, coalesce(live, first) FROM ranked WHERE live IS NOT NULL OR first <> id
+"""
+
+# One row of RETRY: the job's id, whether it was queued again, and else the job holding its key.
+Row = tuple[uuid.UUID, bool, uuid.UUID | None]
+
+
+class RetryResult(int):
+    """How many jobs a retry queued again.
+
+    ``skipped`` maps each failed job left failed because its unique key is in use to
+    the job holding that key (None if that job finished before it could be named).
+    """
+
+    skipped: dict[uuid.UUID, uuid.UUID | None]
+
+    def __new__(cls, changed: int, skipped: dict[uuid.UUID, uuid.UUID | None] | None = None) -> RetryResult:
+        result = super().__new__(cls, changed)
+        result.skipped = skipped or {}
+        return result
+
+
+def _key_conflict(error: IntegrityError) -> bool:
+    diag = getattr(error.__cause__, "diag", None)
+    return getattr(diag, "constraint_name", None) == "axa_queue_unique"
+
+
+def _retry_rows(using: str, statement: str, params: Any) -> list[Row] | None:
+    """Run the retry statement in a savepoint; None if a concurrent writer took a key first."""
+    try:
+        with transaction.atomic(using=using), connections[using].cursor() as cursor:
+            cursor.execute(statement, params)
+            return list(cursor.fetchall())
+    except IntegrityError as error:
+        if _key_conflict(error):
+            return None
+        raise
+
+
+def _retry_one(using: str, job_id: uuid.UUID) -> list[Row]:
+    """Retry one job; if its key is taken meanwhile, report the job holding it (None once that one is gone)."""
+    holder = None
+    for _ in range(3):
+        rows = _retry_rows(using, RETRY.format(candidates="WHERE q.id = %s"), [job_id])
+        if rows is not None:
+            return rows
+        key = Job.objects.using(using).filter(pk=job_id).values("name", "unique_key").first()
+        if key is None:
+            return []  # deleted meanwhile: nothing to retry
+        holder = (
+            Job.objects.using(using)
+            .filter(status__in=[Job.Status.QUEUED, Job.Status.RUNNING], **key)
+            .values_list("id", flat=True)
+            .first()
+        )
+        if holder is not None:
+            break
+    return [(job_id, False, holder)]
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -18,22 +105,33 @@ class JobQuerySet(models.QuerySet["Job"]):
         """Jobs a worker may claim now."""
         return self.filter(status=Job.Status.QUEUED, run_at__lte=Now())
 
-    def retry(self) -> int:
-        """Queue failed jobs again to run now, waking idle workers; return how many changed."""
-        changed = self.filter(status=Job.Status.FAILED).update(
-            status=Job.Status.QUEUED,
-            run_at=Now(),
-            started_at=None,
-            finished_at=None,
-            worker_id=None,
-            attempts=0,
-            updated_at=Now(),
+    def retry(self) -> RetryResult:
+        """Queue failed jobs again to run now, waking idle workers; return how many changed.
+
+        A job whose unique key another queued or running job holds (or a job retried
+        with it, the latest failure first) stays failed and is listed in ``skipped``.
+        """
+        subquery, params = self.filter(status=Job.Status.FAILED).order_by().values("id").query.sql_with_params()
+        statement = RETRY.format(candidates=f"WHERE q.id IN ({subquery})")
+        # Only a concurrent enqueue or retry that took a key after this statement's
+        # snapshot can conflict; run again, and it sees that job as the holder.
+        for _ in range(3):
+            rows = _retry_rows(self.db, statement, params)
+            if rows is not None:
+                break
+        else:
+            # Keys keep being taken under us: one row at a time cannot loop.
+            ids = list(self.filter(status=Job.Status.FAILED).values_list("id", flat=True))
+            rows = [row for job_id in ids for row in _retry_one(self.db, job_id)]
+        result = RetryResult(
+            sum(1 for _, retried, _ in rows if retried),
+            {job_id: holder for job_id, retried, holder in rows if not retried},
         )
-        if changed:
+        if result:
             # The insert trigger does not fire on UPDATE; notify so workers need not wait a poll.
             with connections[self.db].cursor() as cursor:
                 cursor.execute(sql.WAKE)
-        return changed
+        return result
 
     def cancel(self) -> int:
         """Cancel queued jobs and ask running ones to stop; return how many changed."""
@@ -156,7 +254,7 @@ class Job(models.Model):
         return f"{self.name} ({self.status}) {self.id}"
 
     def retry(self) -> bool:
-        """Queue this failed job again; False if it was no longer failed."""
+        """Queue this failed job again; False if it was no longer failed or another live job holds its unique key."""
         changed = Job.objects.filter(pk=self.pk).retry() == 1
         self.refresh_from_db()
         return changed

@@ -5,13 +5,15 @@ from __future__ import annotations
 import datetime
 import re
 import uuid
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
+import psycopg
 import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.auth.models import Permission, User
-from django.db import connection
+from django.db import connection, connections, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -22,6 +24,11 @@ from axa_django.admin import error_line, format_duration
 from axa_django.models import Job, Worker
 from axa_django.pagination import EstimatedCountPaginator
 from axa_django.worker import connect
+from tests.conftest import database_url, wait_for
+from tests.testapp.admin_jobs import refresh_account
+
+if TYPE_CHECKING:
+    from axa_django.models import RetryResult
 
 pytestmark = pytest.mark.django_db
 
@@ -368,7 +375,7 @@ def test_retry_all_matching_the_filter_is_one_update(admin_client: Client) -> No
     make_job("completed", name="CountWorker", args={"fail": False})
     with CaptureQueriesContext(connection) as queries:
         response = admin_client.post(RETRY_MATCHING + "?name=CountWorker", follow=True)
-    updates = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
+    updates = [q["sql"] for q in queries.captured_queries if re.search(r"\bUPDATE \"?axa_queue\b", q["sql"])]
     assert len(updates) == 1, updates
     assert "Queued 3 failed jobs matching this filter to run again." in messages_of(response)
     assert response.redirect_chain[-1][0] == JOBS + "?name=CountWorker"
@@ -583,3 +590,138 @@ def test_list_queries_read_indexes_not_the_whole_table(admin_client: Client) -> 
     assert "axa_queue_status" in plan(JOBS + "?status__exact=failed")
     assert "axa_queue_status" in plan(FAILED)
     assert "Seq Scan" not in plan(JOBS) + plan(FAILED)
+
+
+# Retrying a failed unique job whose key another job holds (issue 10, item 4.4).
+
+REFRESH = "tests.testapp.admin_jobs.refresh_account"
+
+
+def failed_unique(account: int, **fields: Any) -> Job:
+    """A failed row of the unique job, as a worker leaves it after its last attempt."""
+    return make_job("failed", name=REFRESH, args={"account": account}, unique_key=f"account:{account}", **fields)
+
+
+def test_job_retry_skips_a_job_whose_unique_key_is_in_use() -> None:
+    blocked, free = failed_unique(1), failed_unique(2)
+    holder = refresh_account.perform_later(1)
+    assert blocked.retry() is False
+    assert blocked.status == "failed"
+    assert free.retry() is True and free.status == "queued"
+    holder.refresh_from_db()
+    assert holder.status == "queued"
+
+
+def test_queryset_retry_skips_keys_in_use_and_retries_the_rest_in_one_statement() -> None:
+    held, held_by_running = failed_unique(1), failed_unique(2)
+    free, plain = failed_unique(3), make_job("failed")
+    holder = refresh_account.perform_later(1)
+    running = refresh_account.perform_later(2)
+    Job.objects.filter(pk=running.pk).update(status="running")
+    with CaptureQueriesContext(connection) as queries:
+        result = Job.objects.filter(status="failed").retry()
+    assert int(result) == 2 and result == 2
+    assert result.skipped == {held.pk: holder.pk, held_by_running.pk: running.pk}
+    writes = [q["sql"] for q in queries.captured_queries if re.search(r"\bUPDATE \"?axa_queue\b", q["sql"])]
+    assert len(writes) == 1, writes
+    statuses = dict(Job.objects.values_list("id", "status"))
+    assert (statuses[held.pk], statuses[held_by_running.pk]) == ("failed", "failed")
+    assert (statuses[free.pk], statuses[plain.pk]) == ("queued", "queued")
+    assert Job.objects.filter(status="failed").retry().skipped == {held.pk: holder.pk, held_by_running.pk: running.pk}
+
+
+def test_two_failed_jobs_with_one_key_retry_only_the_latest_failure() -> None:
+    older = failed_unique(1, finished_at=NOW - datetime.timedelta(hours=1))
+    newer = failed_unique(1, finished_at=NOW - datetime.timedelta(minutes=1))
+    result = Job.objects.filter(pk__in=[older.pk, newer.pk]).retry()
+    assert result == 1 and result.skipped == {older.pk: newer.pk}
+    assert Job.objects.get(pk=newer.pk).status == "queued"
+    assert Job.objects.get(pk=older.pk).status == "failed"
+
+
+def test_retry_button_reports_the_job_holding_the_key(admin_client: Client) -> None:
+    job = failed_unique(1)
+    holder = refresh_account.perform_later(1)
+    response = admin_client.post(retry_url(job), follow=True)
+    assert response.status_code == 200 and response.redirect_chain[-1][0] == change_url(job)
+    assert messages_of(response) == [
+        f"Job {job.pk} was not retried: its unique key 'account:1' is in use by job {holder.pk}."
+    ]
+    assert Job.objects.get(pk=job.pk).status == "failed"
+
+
+@pytest.mark.parametrize("page", [JOBS, FAILED])
+def test_retry_selected_reports_jobs_whose_key_is_in_use(admin_client: Client, page: str) -> None:
+    held, free = failed_unique(1), failed_unique(2)
+    holder = refresh_account.perform_later(1)
+    selected = [held, free]
+    if page == JOBS:
+        selected.append(make_job("completed"))
+    response = action(admin_client, page, "retry_selected", selected)
+    expected = "1 job queued to run again."
+    if page == JOBS:
+        expected += " Skipped 1 job not failed."
+    expected += f" Skipped 1 job whose unique key is in use: job {held.pk} (key in use by job {holder.pk})."
+    assert messages_of(response) == [expected]
+    assert Job.objects.get(pk=held.pk).status == "failed"
+    assert Job.objects.get(pk=free.pk).status == "queued"
+
+
+@pytest.mark.parametrize("url", [RETRY_MATCHING, FAILED_RETRY_MATCHING])
+def test_retry_all_matching_reports_jobs_whose_key_is_in_use(admin_client: Client, url: str) -> None:
+    older = failed_unique(1, finished_at=NOW - datetime.timedelta(hours=1))
+    newer = failed_unique(1, finished_at=NOW - datetime.timedelta(minutes=1))
+    held = failed_unique(2)
+    holder = refresh_account.perform_later(2)
+    response = admin_client.post(url + f"?name={REFRESH}", follow=True)
+    (message,) = messages_of(response)
+    assert message.startswith("Queued 1 failed job matching this filter to run again. Skipped 2 jobs whose unique key")
+    assert f"job {older.pk} (key in use by job {newer.pk})" in message
+    assert f"job {held.pk} (key in use by job {holder.pk})" in message
+    assert {j.pk: j.status for j in Job.objects.filter(name=REFRESH)} == {
+        older.pk: "failed",
+        newer.pk: "queued",
+        held.pk: "failed",
+        holder.pk: "queued",
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_retry_loses_the_race_to_a_concurrent_enqueue_without_an_integrity_error() -> None:
+    job, other = failed_unique(1), failed_unique(2)
+    enqueue = psycopg.connect(database_url())  # not autocommit: the INSERT stays open until commit
+
+    def retry_in_a_transaction() -> tuple[RetryResult, str]:
+        try:
+            with transaction.atomic():
+                result = Job.objects.filter(pk__in=[job.pk, other.pk]).retry()
+                return result, Job.objects.filter(pk=other.pk).values_list("status", flat=True).get()
+        finally:
+            connections.close_all()
+
+    def retry_waits_on_the_insert() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid() AND query LIKE %s",
+                ["%UPDATE axa_queue%"],
+            )
+            return cursor.fetchone()[0] == 1
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        holder = enqueue.execute(
+            "INSERT INTO axa_queue (id, name, args, unique_key) "
+            "VALUES (gen_random_uuid(), %s, '{\"account\": 1}', 'account:1') RETURNING id",
+            [REFRESH],
+        ).fetchone()[0]
+        future = pool.submit(retry_in_a_transaction)
+        wait_for(retry_waits_on_the_insert, what="the retry to wait on the uncommitted enqueue")
+        enqueue.commit()
+        result, other_status = future.result(timeout=60)
+    finally:
+        enqueue.close()  # first, so a retry still waiting on the INSERT is released
+        pool.shutdown()
+    assert result == 1 and result.skipped == {job.pk: holder}
+    assert other_status == "queued"  # the savepoint kept the caller's transaction usable
+    assert Job.objects.get(pk=job.pk).status == "failed"
