@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import connections, transaction
+from django.utils import timezone as django_timezone
 
 from . import conf, registry, rows
 
@@ -142,6 +143,13 @@ def scheduled_jobs(
     ]
 
 
+def aware(value: datetime.datetime) -> datetime.datetime:
+    """A time read through Django's connection, made aware: with USE_TZ = False it is naive, in TIME_ZONE."""
+    if value.utcoffset() is None:
+        return django_timezone.make_aware(value, django_timezone.get_default_timezone())
+    return value
+
+
 def schedule(
     now: datetime.datetime | None = None,
     *,
@@ -165,7 +173,7 @@ def schedule(
     if now is None:
         with connections[using].cursor() as cursor:
             cursor.execute("SELECT now()")
-            now = cursor.fetchone()[0]
+            now = aware(cursor.fetchone()[0])
     written = []
     for job in jobs:
         with transaction.atomic(using=using), connections[using].cursor() as cursor:
@@ -175,7 +183,7 @@ def schedule(
                 # Absent: record it. Present but locked: another worker is on it; skip.
                 cursor.execute(FIRST_SIGHT, {"name": job.name, "due": due(job, now)})
                 continue
-            whens = occurrences(job, row[0], now)
+            whens = occurrences(job, aware(row[0]), now)
             for when in whens:
                 options = replace(job.options, run_at=when, unique_key=unique_key(when), on_duplicate="return")
                 written.append(rows.write(job.name, {}, options, job))

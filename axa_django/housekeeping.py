@@ -64,7 +64,7 @@ def _schedule(worker: Housekeeper, names: list[str]) -> datetime.datetime:
     with bounded(using):
         with connections[using].cursor() as cursor:
             cursor.execute("SELECT now()")
-            now: datetime.datetime = cursor.fetchone()[0]
+            now: datetime.datetime = cron.aware(cursor.fetchone()[0])
         for job in cron.scheduled_jobs(names, worker.queues):
             try:
                 written = cron.schedule(now, names=[job.name])

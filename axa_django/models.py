@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models.functions import Now
+from psycopg.types.json import Jsonb
 
 from . import sql
 
@@ -157,6 +158,34 @@ class JobQuerySet(models.QuerySet["Job"]):
         return queued + running
 
 
+class Undecodable(str):
+    """JSON read from a row that Python cannot hold (nested too deeply, a 5,000-digit number): its text, kept as is."""
+
+
+class RowJSONField(models.JSONField):
+    """A JSONField that loads any row: JSON Python cannot decode comes back as ``Undecodable`` text.
+
+    Rows written by other producers (a Rust service, psql) may hold such values; the
+    admin must still show them, and saving the row writes the same text back.
+    """
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        try:
+            return super().from_db_value(value, expression, connection)
+        except (RecursionError, ValueError):
+            return Undecodable(value)
+
+    def get_db_prep_value(self, value: Any, connection: Any, prepared: bool = False) -> Any:
+        if isinstance(value, Undecodable):
+            return Jsonb(str(value), dumps=str)
+        return super().get_db_prep_value(value, connection, prepared)
+
+    def deconstruct(self) -> Any:
+        # Only loading differs: migrations see a plain JSONField.
+        name, _, args, kwargs = super().deconstruct()
+        return name, "django.db.models.JSONField", args, kwargs
+
+
 class Job(models.Model):
     """One job: a row of ``axa_queue``."""
 
@@ -170,7 +199,7 @@ class Job(models.Model):
     # The seed's columns, with its defaults.
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.TextField()
-    args = models.JSONField(default=dict)
+    args = RowJSONField(default=dict)
     status = models.TextField(choices=Status, default=Status.QUEUED, db_default=Status.QUEUED)
     error = models.TextField(null=True, blank=True)
     run_at = models.DateTimeField(db_default=Now())
@@ -185,8 +214,8 @@ class Job(models.Model):
     max_attempts = models.IntegerField(null=True, blank=True)
     worker_id = models.UUIDField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    errors = models.JSONField(db_default=models.Value([], models.JSONField()))
-    result = models.JSONField(null=True, blank=True)
+    errors = RowJSONField(db_default=models.Value([], models.JSONField()))
+    result = RowJSONField(null=True, blank=True)
     unique_key = models.TextField(null=True, blank=True)
     cancel_requested = models.BooleanField(db_default=False)
     backend = models.TextField(null=True, blank=True)

@@ -6,10 +6,12 @@ import datetime
 import re
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.db import connections
+from django.utils import timezone
 
 from . import conf
 from .arguments import arguments_of, encode, task_arguments_of
@@ -89,7 +91,10 @@ class Options:
             if not isinstance(run_at, datetime.datetime):
                 raise TypeError(f"run_at must be a datetime, not {type(run_at).__name__}")
             if run_at.tzinfo is None or run_at.utcoffset() is None:
-                raise ValueError("run_at must be timezone-aware; use django.utils.timezone.now() + timedelta(...)")
+                if settings.USE_TZ:
+                    raise ValueError("run_at must be timezone-aware; use django.utils.timezone.now() + timedelta(...)")
+                # USE_TZ = False: a naive datetime is in TIME_ZONE, as Django's own fields read it.
+                return replace(self, run_at=timezone.make_aware(run_at, timezone.get_default_timezone())).checked()
         if self.delay is not None:
             if not isinstance(self.delay, datetime.timedelta):
                 raise TypeError(f"delay must be a timedelta, not {type(self.delay).__name__}")

@@ -20,11 +20,13 @@ import psycopg.sql
 # run once, so no join order can re-run the locking subquery and claim past the LIMIT.
 # django.tasks rows (backend set) are walked per backend alias instead, any task path:
 # the worker resolves their task and refuses anything that is not one (taskrunner.py).
-# attempts stops short of int overflow so that no row can make the claim fail.
+# attempts stops short of int overflow so that no row can make the claim fail, and a
+# run_at of '-infinity' becomes the claim's time, which Python (and the admin) can load.
 CLAIM = """
 UPDATE axa_queue q
 SET status = 'running', started_at = now(), updated_at = now(),
-    attempts = LEAST(q.attempts, 2147483646) + 1, worker_id = %(worker)s, cancel_requested = false
+    attempts = LEAST(q.attempts, 2147483646) + 1, worker_id = %(worker)s, cancel_requested = false,
+    run_at = CASE WHEN q.run_at = '-infinity' THEN now() ELSE q.run_at END
 WHERE q.id = ANY(ARRAY(
     SELECT c.id FROM ({walks}) AS c
     ORDER BY c.priority DESC, c.run_at

@@ -29,8 +29,8 @@ DATABASE_ROUTERS = ["tests.routers.PostgresOnly"]
 
 SECRET_KEY = "tests"
 DEBUG = False
-USE_TZ = True
-TIME_ZONE = "UTC"
+USE_TZ = os.environ.get("AXA_TEST_USE_TZ", "1") == "1"
+TIME_ZONE = os.environ.get("AXA_TEST_TIME_ZONE", "UTC")
 ROOT_URLCONF = "tests.urls"
 STATIC_URL = "static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

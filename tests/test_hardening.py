@@ -362,3 +362,32 @@ def test_a_lost_workers_rows_keep_their_error_history_as_json():
     assert [entry["type"] for entry in row.errors] == ["WorkerLost", "WorkerLost"]
     assert "attempt 2 of 2" in row.error
     json.dumps(row.errors)
+
+
+def test_the_admin_shows_rows_python_cannot_decode(workers, admin_client):
+    deep = insert_row("tests.testapp.jobs.add", '{"a": ' + "[" * 10_000 + "]" * 10_000 + "}")
+    huge = insert_row("tests.testapp.jobs.add", '{"a": ' + "7" * 5_000 + "}")
+    never = insert_row("tests.testapp.jobs.add", '{"a": 1}', run_at="'infinity'")
+    early = insert_row("tests.testapp.jobs.add", '{"a": 1}', run_at="'-infinity'")
+    code, output = burst(workers, "--concurrency", "2")
+    assert code == 0, output
+    for url in ["/admin/axa_django/job/", "/admin/axa_django/failedjob/", "/admin/axa_django/queuedashboard/"]:
+        response = admin_client.get(url)
+        assert response.status_code == 200, url
+    for pk in (deep, huge, never, early):
+        response = admin_client.get(f"/admin/axa_django/job/{pk}/change/")
+        assert response.status_code == 200, pk
+
+
+def test_a_row_python_cannot_decode_loads_as_its_text_and_saves_unchanged():
+    from axa_django.models import Undecodable
+
+    text = '{"a": ' + "7" * 5_000 + "}"
+    pk = insert_row("tests.testapp.jobs.add", text)
+    job = Job.objects.get(pk=pk)
+    assert isinstance(job.args, Undecodable) and "7777" in job.args
+    job.priority = 3
+    job.save()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT args::text = %s::jsonb::text, priority FROM axa_queue WHERE id = %s", [text, pk])
+        assert cursor.fetchone() == (True, 3)

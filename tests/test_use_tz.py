@@ -128,3 +128,39 @@ def test_retry_and_cancel_buttons_work(admin_client: Client, zone: str) -> None:
         response = admin_client.post(reverse(f"admin:axa_django_job_{view}", args=[ids[status]]), follow=True)
         assert response.status_code == 200, view
         assert Job.objects.get(pk=ids[status]).status == after
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_naive_run_at_is_read_in_time_zone_when_use_tz_is_false() -> None:
+    from tests.testapp import jobs
+
+    with override_settings(USE_TZ=False, TIME_ZONE="America/New_York"):
+        job = jobs.add.using(run_at=datetime.datetime(2030, 1, 15, 7, 0)).perform_later(1)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT run_at = '2030-01-15 12:00:00+00' FROM axa_queue WHERE id = %s", [job.pk])
+        assert cursor.fetchone() == (True,)
+    with override_settings(USE_TZ=True), pytest.raises(ValueError, match="timezone-aware"):
+        jobs.add.using(run_at=datetime.datetime(2030, 1, 15, 7, 0))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_runs_jobs_and_periodic_jobs_with_use_tz_false(workers) -> None:
+    from tests.conftest import wait_for
+    from tests.testapp import jobs
+
+    env = workers.env(AXA_TEST_USE_TZ="0", AXA_TEST_TIME_ZONE="America/New_York", AXA_TEST_CRON="1")
+    proc = workers.start("--concurrency", "2", env=env)
+    job = jobs.add.using(delay=datetime.timedelta(seconds=1)).perform_later(2, 3)
+    wait_for(lambda: Job.objects.get(pk=job.pk).status == "completed", what="the delayed job")
+    wait_for(
+        lambda: Job.objects.filter(name="tests.every_second", status="completed").count() >= 2,
+        what="two periodic ticks",
+    )
+    keys = set(Job.objects.filter(name="tests.every_second").values_list("unique_key", flat=True))
+    ticks = sorted(datetime.datetime.fromisoformat(key.removeprefix("cron:")) for key in keys)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        now = cursor.fetchone()[0]
+    assert abs((ticks[-1] - now).total_seconds()) < 60, (ticks, now)  # scheduled on the right clock
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0, proc.stdout.read()
