@@ -244,7 +244,8 @@ def test_runworker_on_an_unmigrated_database_says_to_migrate(workers):
         cursor.execute("CREATE DATABASE axa_unmigrated")
     try:
         env = workers.env()
-        env["DATABASE_URL"] = env["DATABASE_URL"].replace("/axa_test", "/axa_unmigrated")
+        name = connection.settings_dict["NAME"]
+        env["DATABASE_URL"] = env["DATABASE_URL"].replace(f"/{name}", "/axa_unmigrated")
         proc = workers.start("--burst", env=env)
         assert proc.wait(timeout=60) == 2
         assert (
