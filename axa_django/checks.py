@@ -29,6 +29,7 @@ _RULES: dict[str, tuple[Any, str]] = {
     "MAX_ATTEMPTS": (_positive_int, "a positive whole number"),
     "MAX_ARGS_BYTES": (_positive_int, "a positive whole number of bytes"),
     "NOTIFY": (lambda v: isinstance(v, bool), "True or False"),
+    "TRANSACTION_POOLING": (lambda v: isinstance(v, bool), "True or False"),
     "RETENTION": (lambda v: v is None or _positive_number(v), "None or a positive number of seconds"),
     "CRON_TIMEZONE": (lambda v: v is None or isinstance(v, str), "None or a time zone name"),
 }

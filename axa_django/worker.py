@@ -699,6 +699,10 @@ class Worker:
                 conn = None
                 self._stopping.wait(delay)
                 delay = min(delay * 2, _RECONNECT_MAX)
+        if conn is not None and not self.notify:
+            # Given up for polling (a transaction pooler?): leave no LISTEN on a pooled backend.
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("UNLISTEN *")
         self._close(conn)
 
     # -- shutdown ----------------------------------------------------------------

@@ -72,6 +72,11 @@ def run_checks():
         ),
         ({"STALE_MINUTES": 1.5}, "axa_django.E004", "AXA_DJANGO['STALE_MINUTES'] is 1.5"),
         ({"NOTIFY": "yes"}, "axa_django.E004", "AXA_DJANGO['NOTIFY'] is 'yes'; it must be True or False."),
+        (
+            {"TRANSACTION_POOLING": 1},
+            "axa_django.E004",
+            "AXA_DJANGO['TRANSACTION_POOLING'] is 1; it must be True or False.",
+        ),
         ({"DATABASE": "nope"}, "axa_django.E005", "AXA_DJANGO['DATABASE'] is 'nope', which is not in DATABASES."),
         ({"DATABASE": "sqlite"}, "axa_django.E006", "The queue database 'sqlite' uses sqlite, not PostgreSQL."),
         ({"CRON_TIMEZONE": "Mars/Olympus"}, "axa_django.E007", "'Mars/Olympus', which is not a known time zone."),
