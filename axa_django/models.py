@@ -310,6 +310,9 @@ class Worker(models.Model):
     pid = models.IntegerField()
     concurrency = models.IntegerField()
     queues = models.JSONField(default=list)
+    # The job names and django.tasks backend aliases this worker claims.
+    names = models.JSONField(db_default=models.Value([], models.JSONField()))
+    backends = models.JSONField(db_default=models.Value([], models.JSONField()))
     started_at = models.DateTimeField(db_default=Now())
     heartbeat_at = models.DateTimeField(db_default=Now())
 

@@ -108,8 +108,9 @@ RETURNING q.id, set_config('synchronous_commit', 'off', true)
 """
 
 REGISTER = """
-INSERT INTO axa_worker (id, hostname, pid, concurrency, queues, started_at, heartbeat_at)
-VALUES (%(worker)s, %(hostname)s, %(pid)s, %(concurrency)s, %(queues)s::jsonb, now(), now())
+INSERT INTO axa_worker (id, hostname, pid, concurrency, queues, names, backends, started_at, heartbeat_at)
+VALUES (%(worker)s, %(hostname)s, %(pid)s, %(concurrency)s, %(queues)s::jsonb, %(names)s::jsonb,
+        %(backends)s::jsonb, now(), now())
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 """
 

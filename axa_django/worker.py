@@ -450,6 +450,8 @@ class Worker:
             "pid": os.getpid(),
             "concurrency": self.concurrency,
             "queues": json.dumps(self.queues or []),
+            "names": json.dumps(self.handler_names()),
+            "backends": json.dumps(self.backends),
         }
 
     def _rescue(self) -> None:

@@ -268,3 +268,14 @@ def test_names_and_queues_with_quotes_and_percent_signs_are_claimed(log_file):
         assert status(job) == "completed"
     finally:
         registry.pop("it's 100% odd")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_workers_row_records_the_names_it_claims(workers):
+    from axa_django.models import Worker as WorkerRow
+
+    proc = workers.start("--job", "tests.testapp.jobs.add", "--job", "CountWorker")
+    row = wait_for(lambda: WorkerRow.objects.filter(pid=proc.pid).first(), what="the worker's row")
+    assert row.names == ["CountWorker", "tests.testapp.jobs.add"] and row.backends == []
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
