@@ -161,4 +161,14 @@ if os.environ.get("AXA_TEST_CRON"):
     from . import cron_jobs  # noqa: F401
 
 # Jobs of the hardening tests, one module per area.
-from . import admin_jobs, boundary_jobs, hostile_jobs, housekeeping_jobs, pooler_jobs  # noqa: E402, F401
+from . import (  # noqa: E402, F401
+    admin_jobs,
+    adminpolish_jobs,
+    boundary_jobs,
+    hostile_jobs,
+    housekeeping_jobs,
+    pooler_jobs,
+    setup12_jobs,
+    testing12_jobs,
+    workermistakes_jobs,
+)

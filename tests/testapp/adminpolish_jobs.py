@@ -1,0 +1,3 @@
+"""Jobs for the adminpolish tests."""
+
+from axa_django import background_job  # noqa: F401

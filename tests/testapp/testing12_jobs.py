@@ -1,0 +1,3 @@
+"""Jobs for the testing12 tests."""
+
+from axa_django import background_job  # noqa: F401
