@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import connections
 from django.db.models import Q
 from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
@@ -187,16 +187,17 @@ def _run_one(using: str, job: Claimed) -> tuple[Any, Attempt, Any]:
         "job_started", job_started.send_robust(sender=sender, job_id=job.id, name=job.name, attempt=job.attempt)
     )
     connection = connections[using]
-    savepoint = transaction.savepoint(using=using)
+    # The connection's own savepoint API: transaction.savepoint() is deprecated in Django 6.1.
+    savepoint = connection.savepoint()
     outcome = perform(job, None, lambda _job: recorder)
     raw = connection.connection
     if savepoint is not None:
         if raw is not None and raw.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
             # A statement of the job failed and aborted the test's transaction; a worker's
             # connection autocommits, so go back to before the job to record its outcome.
-            transaction.savepoint_rollback(savepoint, using=using)
+            connection.savepoint_rollback(savepoint)
         else:
-            transaction.savepoint_commit(savepoint, using=using)
+            connection.savepoint_commit(savepoint)
     return outcome, Attempt.of(outcome, recorder.raised if recorder else None), sender
 
 

@@ -1,6 +1,7 @@
 """axa_django.testing from pytest-django: assertions on what is queued, run_jobs(), immediate mode raising."""
 
 import datetime
+import uuid
 
 import pytest
 from django.contrib.auth.models import User
@@ -267,3 +268,29 @@ def test_raise_failures_works_as_a_decorator_and_after_retries(log_file):
     assert jobs.flaky.perform_later(log_file).status == "completed"  # failed twice, then completed: no raise
     with pytest.raises(JobFailed):
         t.async_explode.perform_later("async")
+
+
+# -- django.tasks rows (Django >= 6.0) ----------------------------------------------------
+
+
+def test_run_jobs_runs_django_tasks_rows_of_the_queue_backend():
+    pytest.importorskip("django.tasks", reason="django.tasks needs Django >= 6.0")
+    from django.tasks import TaskResultStatus
+
+    from tests.testapp import tasks
+
+    done = tasks.add.enqueue(2, b=3)
+    retried = tasks.flaky.enqueue(succeed_on=2)  # the "retrying" alias: BACKOFF 0
+    attempts = run_jobs()
+    assert [(a.name, a.attempt, a.status) for a in attempts] == [
+        ("tests.testapp.tasks.add", 1, "completed"),
+        ("tests.testapp.tasks.flaky", 1, "queued"),
+        ("tests.testapp.tasks.flaky", 2, "completed"),
+    ]
+    result = tasks.add.get_result(done.id)
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 5)
+    assert tasks.flaky.get_result(retried.id).return_value == 2
+    failing = tasks.fail.enqueue("task boom")
+    with pytest.raises(JobFailed) as failed:
+        run_jobs()
+    assert isinstance(failed.value.exception, ValueError) and failed.value.failures[0].id == uuid.UUID(failing.id)
