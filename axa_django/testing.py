@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from . import conf, registry, sql
 from .attempts import RAISE_INLINE, Attempt, JobFailed, Recorder
-from .execution import Claimed, finish, log_receiver_errors, perform, send_finished
+from .execution import Claimed, Outcome, finish, log_receiver_errors, perform, send_finished
 from .models import Job
 from .signals import job_started
 from .worker import task_backend_aliases
@@ -171,16 +171,20 @@ def _claim_statement(name: str | None, queue: str | None, due: str) -> str:
 
 
 def _resolve(job: Claimed) -> tuple[Any, Any]:
-    """The sender of the job's signals, and what perform() runs (a task runner for django.tasks rows)."""
+    """The sender of the job's signals and what perform() runs, as the worker picks them.
+
+    A django.tasks row runs through its task runner and its signals have no sender.
+    """
     if job.backend is not None:
         from .taskrunner import resolver
 
         runner, _ = resolver(job)
-        return runner, runner
-    return registry.get(job.name), registry.get(job.name)
+        return None, runner
+    function = registry.get(job.name)
+    return function, function
 
 
-def _run_one(using: str, job: Claimed) -> tuple[Any, Attempt, Any]:
+def _run_one(using: str, job: Claimed) -> tuple[Outcome, Attempt, Any, Any]:
     sender, function = _resolve(job)
     recorder = Recorder(function) if function is not None else None
     log_receiver_errors(
@@ -198,7 +202,7 @@ def _run_one(using: str, job: Claimed) -> tuple[Any, Attempt, Any]:
             connection.savepoint_rollback(savepoint)
         else:
             connection.savepoint_commit(savepoint)
-    return outcome, Attempt.of(outcome, recorder.raised if recorder else None), sender
+    return outcome, Attempt.of(outcome, recorder.raised if recorder else None), sender, function
 
 
 def run_jobs(
@@ -246,7 +250,7 @@ def run_jobs(
             order = {row.pk: index for index, row in enumerate(_in_claim_order(using, [c.id for c in claimed]))}
             claimed.sort(key=lambda c: order[c.id])
         for job in claimed:
-            outcome, attempt, sender = _run_one(using, job)
+            outcome, attempt, sender, function = _run_one(using, job)
             with connections[using].cursor() as cursor:
                 # Django's cursor wraps psycopg's; FINISH needs the raw one for arrays.
                 written = finish(cursor.cursor, [outcome], None)
@@ -254,8 +258,8 @@ def run_jobs(
                     cursor.execute(_RETRY_AT, [outcome.delay, outcome.id])
             attempts.append(attempt)
             send_finished(sender, outcome, robust=True)
-            if job.backend is not None and sender is not None:
-                sender.finished(outcome)  # a django.tasks row: task_finished
+            if job.backend is not None:
+                function.finished(outcome)  # the task runner sends task_finished
     else:
         raise RuntimeError(
             f"jobs were still due after {max_rounds} rounds of run_jobs(); a job may keep enqueueing itself "

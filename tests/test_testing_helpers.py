@@ -294,3 +294,25 @@ def test_run_jobs_runs_django_tasks_rows_of_the_queue_backend():
     with pytest.raises(JobFailed) as failed:
         run_jobs()
     assert isinstance(failed.value.exception, ValueError) and failed.value.failures[0].id == uuid.UUID(failing.id)
+
+
+def test_run_jobs_sends_the_workers_signals():
+    from axa_django.signals import job_finished, job_started
+
+    seen = []
+
+    def started(sender, **kwargs):
+        seen.append(("started", sender, kwargs["attempt"]))
+
+    def finished(sender, **kwargs):
+        seen.append(("finished", sender, kwargs["status"], kwargs["result"]))
+
+    job_started.connect(started)
+    job_finished.connect(finished)
+    try:
+        t.report.perform_later("signals")
+        run_jobs()
+    finally:
+        job_started.disconnect(started)
+        job_finished.disconnect(finished)
+    assert seen == [("started", t.report, 1), ("finished", t.report, "completed", "signals")]
