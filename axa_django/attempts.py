@@ -8,10 +8,19 @@ import json
 import uuid
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .execution import Outcome
+
+class Outcome(Protocol):
+    """What ``execution.Outcome`` offers (this module sits below execution and does not import it)."""
+
+    id: uuid.UUID
+    name: str
+    attempt: int
+    status: str
+    error: str | None
+    result: str | None
+
 
 # Set by axa_django.testing.raise_failures(): immediate mode raises JobFailed for a failed job.
 RAISE_INLINE: contextvars.ContextVar[bool] = contextvars.ContextVar("axa_django_raise_inline", default=False)
