@@ -20,6 +20,7 @@ from django.db import connections
 
 from . import conf, registry, sql
 from .arguments import ArgumentsMismatch, encode, prepare_call
+from .attempts import RAISE_INLINE, Attempt, JobFailed, Recorder
 from .context import JobCancelled, JobContext, run_cancellable
 from .signals import job_finished, job_started
 
@@ -181,9 +182,14 @@ def finish(cursor: psycopg.Cursor[Any], outcomes: list[Outcome], worker_id: uuid
 
 
 def run_inline(job: Any, function: registry.JobFunction[Any, Any]) -> None:
-    """Run a just-written row now, in this thread and transaction (immediate mode)."""
+    """Run a just-written row now, in this thread and transaction (immediate mode).
+
+    Inside ``axa_django.testing.raise_failures()`` a job that ends failed raises JobFailed.
+    """
     using = job._state.db or conf.get("DATABASE")
     claimed = Claimed(job.id, job.name, job.args, 0, job.max_attempts)
+    recorder = Recorder(function)
+    outcome = None
     with connections[using].cursor() as cursor:
         while True:
             cursor.execute(
@@ -196,7 +202,7 @@ def run_inline(job: Any, function: registry.JobFunction[Any, Any]) -> None:
                 break
             claimed.attempt = row[0]
             job_started.send(sender=function, job_id=job.id, name=job.name, attempt=claimed.attempt)
-            outcome = perform(claimed, None)
+            outcome = perform(claimed, None, lambda _job: recorder)
             outcome.delay = 0.0  # immediate mode retries at once
             # Django's cursor wraps psycopg's; FINISH needs the raw one for arrays.
             finish(cursor.cursor, [outcome], None)
@@ -204,6 +210,8 @@ def run_inline(job: Any, function: registry.JobFunction[Any, Any]) -> None:
             if outcome.status != "queued":
                 break
     job.refresh_from_db(using=using)
+    if outcome is not None and outcome.status == "failed" and RAISE_INLINE.get():
+        raise JobFailed([Attempt.of(outcome, recorder.raised)]) from recorder.raised
 
 
 def send_finished(function: Any, outcome: Outcome, robust: bool = False) -> None:
