@@ -18,12 +18,12 @@ from axa_django.testing import (
     raise_failures,
     run_jobs,
 )
-from tests import testing12_docs
+from tests import docs_examples
 from tests.testapp import jobs
 from tests.testapp import testing12_jobs as t
 
 # The pytest-style example of docs/testing.md, run here as tests of this module.
-testing12_docs.run_block("shop/test_jobs.py", globals())
+docs_examples.run_block("shop/test_jobs.py", globals())
 
 pytestmark = pytest.mark.django_db
 

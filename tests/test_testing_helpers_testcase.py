@@ -6,15 +6,15 @@ from django.test import TestCase, TransactionTestCase, override_settings
 
 from axa_django.models import Job
 from axa_django.testing import JobFailed, assert_enqueued, enqueued_jobs, raise_failures, run_jobs
-from tests import testing12_docs
+from tests import docs_examples
 from tests.testapp import testing12_jobs as t
 
 # The TestCase example of docs/testing.md, run here as tests of this module.
-testing12_docs.run_block("shop/tests.py", globals())
+docs_examples.run_block("shop/tests.py", globals())
 
 
 def test_every_python_block_of_the_docs_page_runs():
-    assert set(testing12_docs.blocks()) == {*testing12_docs.MODULES, "shop/test_jobs.py", "shop/tests.py"}
+    assert set(docs_examples.blocks()) == {*docs_examples.MODULES, "shop/test_jobs.py", "shop/tests.py"}
     assert {"OrderTests", "CommittedOrderTests"} <= set(globals())
 
 
