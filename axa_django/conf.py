@@ -160,6 +160,13 @@ def user_setting() -> Any:
     return getattr(django_settings, SETTING, {})
 
 
+def alias_as_written() -> str:
+    """The queue database alias as written ('default' when unset), without validating: for system checks."""
+    user = user_setting()
+    alias = user.get("DATABASE", DEFAULTS["DATABASE"]) if isinstance(user, dict) else DEFAULTS["DATABASE"]
+    return alias if isinstance(alias, str) else DEFAULTS["DATABASE"]
+
+
 @cache
 def get_settings() -> dict[str, Any]:
     """Return AXA_DJANGO merged over DEFAULTS; raise ImproperlyConfigured if it is malformed."""

@@ -56,6 +56,14 @@ def test_every_problem_is_listed_at_once():
     assert [line.rsplit(" ", 1)[-1] for line in lines] == ["(axa_django.E002)", "(axa_django.E004)"]
 
 
+def test_system_checks_can_read_the_alias_of_a_bad_setting_without_raising():
+    with override_settings(AXA_DJANGO={"mode": "immediate", "DATABASE": "sqlite"}):
+        assert conf.alias_as_written() == "sqlite"
+        assert [m.id for m in axa_checks.check_settings()] == ["axa_django.E002", "axa_django.E006"]
+    with override_settings(AXA_DJANGO=["DATABASE"]):
+        assert conf.alias_as_written() == "default"
+
+
 def test_enqueue_with_a_typo_in_the_setting_raises_before_writing():
     # No django_db mark: any query would fail the test, so nothing reached the database.
     with override_settings(AXA_DJANGO={"mode": "immediate"}), pytest.raises(ImproperlyConfigured, match="'MODE'"):
