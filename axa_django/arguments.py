@@ -217,6 +217,10 @@ def bind(signature: inspect.Signature, name: str, args: tuple[Any, ...], kwargs:
     except TypeError as error:
         raise TypeError(f"job {name!r}: {error}") from None
     arguments = dict(bound.arguments)
+    for parameter in signature.parameters.values():
+        if parameter.kind is parameter.VAR_POSITIONAL and parameter.name in arguments:
+            # *args binds as a tuple; it is stored as a JSON array, which prepare_call spreads.
+            arguments[parameter.name] = list(arguments[parameter.name])
     check_json(arguments, arguments_of(name), levels=1)
     return arguments
 

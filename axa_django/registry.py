@@ -24,6 +24,31 @@ def default_backoff(attempt: int) -> float:
     return min(2.0**attempt, 3600.0) * random.uniform(0.75, 1.25)
 
 
+def check_backoff(backoff: Any, job: str) -> Callable[[int], float] | float | None:
+    """Return ``backoff`` if it can space retries: None, seconds >= 0, or a callable taking the attempt."""
+    if backoff is None:
+        return None
+    if callable(backoff):
+        try:
+            inspect.signature(backoff).bind(1)
+        except TypeError:
+            raise TypeError(
+                f"job {job!r}: backoff {backoff!r} cannot be called with one argument (the attempt number); "
+                "pass seconds, or a function like lambda attempt: 2 ** attempt"
+            ) from None
+        except ValueError:
+            pass  # no signature to read (some builtins): trust it
+        return backoff
+    if not isinstance(backoff, int | float) or isinstance(backoff, bool):
+        raise TypeError(f"job {job!r}: backoff must be a number of seconds or a callable, not {type(backoff).__name__}")
+    if not 0 <= backoff <= rows.MAX_DELAY.total_seconds():
+        raise ValueError(
+            f"job {job!r}: backoff is {backoff!r}; it must be a number of seconds from 0 to "
+            f"{rows.MAX_DELAY.total_seconds():.0f} (0 retries at once)"
+        )
+    return backoff
+
+
 class JobFunction(Generic[P, R]):
     """A function registered as a background job; call it to run it here and now."""
 
@@ -44,7 +69,7 @@ class JobFunction(Generic[P, R]):
         self.func = func
         self.name = rows.check_name(name)
         self.max_attempts = max_attempts
-        self.backoff = backoff
+        self.backoff = check_backoff(backoff, name)
         self.unique = unique
         self.cron = cron
         self.takes_context = takes_context

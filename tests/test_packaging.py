@@ -1,0 +1,87 @@
+"""The sdist and the wheel: built from this checkout (offline), holding what they should and nothing half-way."""
+
+import re
+import subprocess
+import sys
+import tarfile
+import zipfile
+from email.parser import Parser
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+from tests.conftest import ROOT
+
+# Markdown links and images whose target is a path in the repository, not a URL or an anchor.
+_LOCAL_LINK = re.compile(r"\]\((?!https?://|#|mailto:)([^)\s#]+)")
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("build", reason="pip install -e '.[dev]' installs build")
+    out = tmp_path_factory.mktemp("dist")
+    # No flags: the sdist first, then the wheel built from the unpacked sdist, so a
+    # file the sdist lacks breaks the wheel. --no-isolation: the dev extra's setuptools, no network.
+    built = subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    return out
+
+
+def _sdist(dist: Path) -> dict[str, bytes]:
+    (path,) = dist.glob("axa_django-*.tar.gz")
+    with tarfile.open(path) as tar:
+        return {
+            str(PurePosixPath(*PurePosixPath(m.name).parts[1:])): tar.extractfile(m).read()  # type: ignore[union-attr]
+            for m in tar.getmembers()
+            if m.isfile()
+        }
+
+
+def test_the_sdist_holds_the_package_license_and_docs_and_no_test_suite(dist):
+    files = _sdist(dist)
+    assert {"LICENSE", "README.md", "CHANGELOG.md", "pyproject.toml", "docs/install.md"} <= set(files)
+    assert "axa_django/migrations/0001_initial.py" in files and "axa_django/py.typed" in files
+    assert b"MIT License" in files["LICENSE"] and b"The axa-django authors" in files["LICENSE"]
+    # All of the test suite or none of it: none (it needs the whole repository).
+    assert not [name for name in files if name.startswith(("tests/", "example_project/", "benchmarks/"))]
+    assert not [name for name in files if "__pycache__" in name or name.endswith(".pyc")]
+
+
+def test_every_local_link_of_the_readme_and_docs_resolves_inside_the_sdist(dist):
+    files = _sdist(dist)
+    for page in ["README.md", *sorted(name for name in files if name.startswith("docs/") and name.endswith(".md"))]:
+        base = PurePosixPath(page).parent
+        for target in _LOCAL_LINK.findall(files[page].decode()):
+            resolved = str(PurePosixPath(*_normalised(base / target)))
+            assert resolved in files, f"{page} links to {target}, which the sdist does not hold"
+
+
+def _normalised(path: PurePosixPath) -> list[str]:
+    parts: list[str] = []
+    for part in path.parts:
+        if part == "..":
+            parts.pop()
+        elif part != ".":
+            parts.append(part)
+    return parts
+
+
+def test_the_wheel_holds_the_package_only_with_license_and_extras(dist):
+    (path,) = dist.glob("axa_django-*.whl")
+    with zipfile.ZipFile(path) as wheel:
+        names = wheel.namelist()
+        (metadata_name,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        metadata = Parser().parsestr(wheel.read(metadata_name).decode())
+    assert all(n.startswith(("axa_django/", "axa_django-")) for n in names), names
+    assert "axa_django/templates/admin/axa_django/dashboard.html" in names
+    assert "axa_django/management/commands/runworker.py" in names
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert metadata["License-Expression"] == "MIT"
+    assert {"binary", "c", "embedded", "cron", "dev"} <= set(metadata.get_all("Provides-Extra"))
+    requires = metadata.get_all("Requires-Dist")
+    assert 'psycopg[binary]>=3.2; extra == "binary"' in requires and 'psycopg[c]>=3.2; extra == "c"' in requires
