@@ -206,7 +206,7 @@ class QueueBackend(BaseTaskBackend):
                     id="axa_django.E101",
                 )
             )
-        alias = conf.get("DATABASE")
+        alias = conf.alias_as_written()
         if (vendor := other_vendor(alias)) is not None:
             messages.append(
                 checks.Error(

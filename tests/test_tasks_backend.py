@@ -600,3 +600,12 @@ def test_a_worker_survives_a_task_module_that_raises_system_exit_on_import(worke
     row = Job.objects.get(pk=job_id)
     assert (row.status, row.errors[0]["type"]) == ("failed", "axa_django.taskrunner.TaskRefused")
     assert default_task_backend.get_result(ok.id).return_value == 5
+
+
+def test_system_checks_list_a_bad_setting_instead_of_crashing_with_a_queue_backend():
+    from django.core import checks
+    from django.test import override_settings
+
+    with override_settings(AXA_DJANGO={"mode": "immediate"}):
+        messages = checks.run_checks()
+    assert "axa_django.E002" in {message.id for message in messages}
