@@ -8,6 +8,9 @@ from collections.abc import Iterable
 
 from . import registry
 
+# Known names listed in the error; listjobs shows them all.
+LISTED = 50
+
 
 class UnknownJobs(ValueError):
     """A worker was asked for job names that no registered job has."""
@@ -39,8 +42,10 @@ def check_names(names: Iterable[str]) -> list[str]:
         guesses = suggestions(name, known)
         if guesses:
             lines.append(f"For {name!r}, did you mean {' or '.join(map(repr, guesses))}?")
-    listing = "\n".join(f"  {name}" for name in known) if known else "  (none: no app's jobs.py defines a job)"
-    lines.append(f"Known jobs (python manage.py listjobs):\n{listing}")
+    listing = [f"  {name}" for name in known[:LISTED]] or ["  (none: no app's jobs.py defines a job)"]
+    if len(known) > LISTED:
+        listing.append(f"  ... and {len(known) - LISTED} more")
+    lines.append("Known jobs (python manage.py listjobs):\n" + "\n".join(listing))
     raise UnknownJobs("\n".join(lines))
 
 
