@@ -15,8 +15,9 @@ import pytest
 from django.db import connection
 
 from axa_django import sql, unhandled
+from axa_django.selection import UnknownJobs
 from axa_django.unhandled import Unhandled
-from axa_django.worker import UnknownJobs, Worker
+from axa_django.worker import Worker
 from tests.conftest import Workers, database_url, wait_for
 from tests.testapp import jobs, workermistakes_jobs
 
