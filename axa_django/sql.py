@@ -192,3 +192,53 @@ WAKE = "SELECT pg_notify('axa_queue', '')"
 # Run before a housekeeping statement, in its transaction: none may hold the
 # dispatcher (or the heartbeat) for long.
 TIMEOUTS = "SELECT set_config('statement_timeout', %(statement)s, true), set_config('lock_timeout', %(lock)s, true)"
+
+# Ready rows no live worker claims: per (queue, name) of background jobs and per
+# (queue, backend) of django.tasks rows. Loose index scans over the queue claim
+# indexes find the distinct pairs in one descent each (at most %(pairs)s of them),
+# whatever the table holds; a pair's kind is its best row's; the ready rows of a pair
+# no live worker covers are counted through the same index, at most %(cap)s.
+UNHANDLED = """
+WITH RECURSIVE names AS (
+    (SELECT 1 AS n, queue, name, backend IS NOT NULL AS task FROM axa_queue
+     WHERE status = 'queued' ORDER BY queue, name, priority DESC, run_at LIMIT 1)
+    UNION ALL
+    SELECT p.n + 1, x.queue, x.name, x.task FROM names p CROSS JOIN LATERAL (
+        SELECT queue, name, backend IS NOT NULL AS task FROM axa_queue
+        WHERE status = 'queued' AND (queue, name) > (p.queue, p.name)
+        ORDER BY queue, name, priority DESC, run_at LIMIT 1
+    ) AS x WHERE p.n < %(pairs)s
+), backends AS (
+    (SELECT 1 AS n, queue, backend FROM axa_queue
+     WHERE status = 'queued' AND backend IS NOT NULL ORDER BY queue, backend LIMIT 1)
+    UNION ALL
+    SELECT p.n + 1, x.queue, x.backend FROM backends p CROSS JOIN LATERAL (
+        SELECT queue, backend FROM axa_queue
+        WHERE status = 'queued' AND backend IS NOT NULL AND (queue, backend) > (p.queue, p.backend)
+        ORDER BY queue, backend LIMIT 1
+    ) AS x WHERE p.n < %(pairs)s
+), live AS (
+    SELECT names, backends, queues FROM axa_worker
+    WHERE heartbeat_at >= now() - make_interval(secs => %(lease)s)
+), found AS (
+    SELECT p.name, NULL::text AS backend, p.queue, (
+        SELECT count(*) FROM (
+            SELECT 1 FROM axa_queue q
+            WHERE q.status = 'queued' AND q.queue = p.queue AND q.name = p.name AND q.run_at <= now()
+            LIMIT %(cap)s) AS c) AS ready
+    FROM names p
+    WHERE NOT p.task AND NOT EXISTS (
+        SELECT 1 FROM live w WHERE w.names ? p.name AND (w.queues = '[]'::jsonb OR w.queues ? p.queue))
+    UNION ALL
+    SELECT NULL, p.backend, p.queue, (
+        SELECT count(*) FROM (
+            SELECT 1 FROM axa_queue q
+            WHERE q.status = 'queued' AND q.backend IS NOT NULL AND q.queue = p.queue
+              AND q.backend = p.backend AND q.run_at <= now()
+            LIMIT %(cap)s) AS c)
+    FROM backends p
+    WHERE NOT EXISTS (
+        SELECT 1 FROM live w WHERE w.backends ? p.backend AND (w.queues = '[]'::jsonb OR w.queues ? p.queue))
+)
+SELECT name, backend, queue, ready FROM found WHERE ready > 0 ORDER BY ready DESC, name, backend, queue
+"""

@@ -21,6 +21,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -29,7 +30,7 @@ import psycopg
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
-from . import conf, housekeeping, registry, sql
+from . import conf, dberrors, housekeeping, registry, sql, unhandled
 from .context import JobContext
 from .execution import (
     Claimed,
@@ -44,9 +45,22 @@ from .execution import (
     send_finished,
     storable,
 )
+from .logs import attempt_line, plural, summary
+from .selection import UnknownJobs, check_names, check_queue
 from .signals import job_started
 
-__all__ = ["Claimed", "NoHandler", "NotMigrated", "Outcome", "PoolerMisconfigured", "Worker", "connect", "perform"]
+__all__ = [
+    "CannotConnect",
+    "Claimed",
+    "NoHandler",
+    "NotMigrated",
+    "Outcome",
+    "PoolerMisconfigured",
+    "UnknownJobs",
+    "Worker",
+    "connect",
+    "perform",
+]
 
 logger = logging.getLogger("axa_django")
 
@@ -108,6 +122,10 @@ class NotMigrated(RuntimeError):
     """The database has no queue tables yet."""
 
 
+class CannotConnect(ImproperlyConfigured):
+    """The database refused the worker's first connection: wrong credentials or no such database."""
+
+
 class PoolerMisconfigured(ImproperlyConfigured):
     """The database is reached through a transaction pooler the worker is not configured for."""
 
@@ -127,6 +145,7 @@ class Worker:
         grace_period: float | None = None,
         using: str | None = None,
         install_signals: bool = True,
+        log_attempts: bool = False,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise ValueError(f"concurrency must be a positive whole number, not {concurrency!r}")
@@ -141,18 +160,20 @@ class Worker:
         self.poll_interval = float(poll_interval or conf.get("POLL_INTERVAL"))
         self.burst = burst
         self.max_jobs = max_jobs
-        self.queues = sorted(set(queues)) if queues else None
-        self.names = sorted(set(names)) if names is not None else None
+        self.queues = sorted({check_queue(queue) for queue in queues}) if queues else None
+        self.names = check_names(names) if names is not None else None
         # django.tasks rows are claimed by backend alias; --job names only background jobs.
         self.backends = task_backend_aliases() if names is None else []
         self.grace_period = grace_period
         self.using = using or conf.get("DATABASE")
         self.install_signals = install_signals
+        self.log_attempts = log_attempts
         self.lease = float(conf.get("LEASE_SECONDS"))
         self.stale_minutes = int(conf.get("STALE_MINUTES"))
         self.pooling = bool(conf.get("TRANSACTION_POOLING"))
         self.notify = bool(conf.get("NOTIFY")) and not self.pooling
-        self.processed = 0
+        self.processed = 0  # attempts finished, retries included
+        self.outcomes: Counter[str] = Counter()
 
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -172,6 +193,8 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._signals = 0
         self._statements: dict[tuple[str, tuple[str, ...]], str] = {}
+        # The first look waits a lease: workers started together have all registered by then.
+        self._next_unhandled = time.monotonic() + self.lease
 
     # -- control -----------------------------------------------------------------
 
@@ -222,15 +245,15 @@ class Worker:
 
     def _run(self) -> int:
         names = self.handler_names()
-        self._conn = self._reconnect_until_ready("dispatcher")
+        self._conn = self._first_connection()
         if self._conn is None:
-            return 1
+            return 1 if self._aborting.is_set() else 0
         settings = connections[self.using].settings_dict
         logger.info(
-            "worker %s starting: concurrency %d, %d handlers (%s), task backends %s, queues %s, database %s on %s",
+            "worker %s starting: concurrency %d, %s (%s), task backends %s, queues %s, database %s on %s",
             self.id,
             self.concurrency,
-            len(names),
+            plural(len(names), "handler"),
             ", ".join(names) or "none",
             ", ".join(self.backends) or "none",
             ", ".join(self.queues) if self.queues else "all",
@@ -316,6 +339,34 @@ class Worker:
         self._wake.wait(max(0.0, min(timeout, self.poll_interval)))
 
     # -- database steps ----------------------------------------------------------
+
+    def _first_connection(self) -> psycopg.Connection[Any] | None:
+        """Connect the dispatcher, waiting for a server that is not up yet; CannotConnect if it refuses us."""
+        delay = 0.1
+        settings = connections[self.using].settings_dict
+        where = f"database {settings.get('NAME')!r} on {settings.get('HOST') or 'local socket'}"
+        if settings.get("PORT"):
+            where += f":{settings['PORT']}"
+        while not self._stopping.is_set():
+            try:
+                return connect(self.using, "dispatcher")
+            except psycopg.OperationalError as error:
+                if dberrors.refused(error):
+                    raise CannotConnect(
+                        f"cannot connect to {where} as {settings.get('USER') or 'the default user'!r} "
+                        f"(DATABASES[{self.using!r}]): {dberrors.message(error)}"
+                    ) from None
+                # A process manager may start workers before PostgreSQL: wait for it.
+                logger.warning(
+                    "cannot reach %s yet (%s); the worker has not started and retries in %.1fs until the "
+                    "database accepts it (SIGTERM stops it)",
+                    where,
+                    dberrors.message(error),
+                    delay,
+                )
+                self._stopping.wait(delay)
+                delay = min(delay * 2, _RECONNECT_MAX)
+        return None
 
     def _reconnect_until_ready(self, purpose: str) -> psycopg.Connection[Any] | None:
         delay = 0.1
@@ -472,6 +523,10 @@ class Worker:
         """Rescue, then periodic jobs and pruning; return seconds until the next housekeeping."""
         interval = self._housekeeping_interval()
         self._rescue()
+        if time.monotonic() >= self._next_unhandled:
+            self._next_unhandled = time.monotonic() + unhandled.CHECK_SECONDS
+            rows = self._execute(sql.UNHANDLED, unhandled.params(self.lease), bounded=True)
+            unhandled.warn(unhandled.rows_to_unhandled(rows or []))
         soonest = housekeeping.run(self)
         if soonest is not None:
             interval = max(0.01, min(interval, soonest))
@@ -538,11 +593,16 @@ class Worker:
         try:
             while (job := self._work.get()) is not None:
                 runner, function = None, None
+                started = time.monotonic()
                 try:
                     runner, function, outcome = self._perform(job)
                 except BaseException as error:
                     logger.exception("running job %s %s failed outside the job", job.name, job.id)
                     outcome = failure(job, None, error, self.id)
+                if self.log_attempts:
+                    seconds = time.monotonic() - started
+                    status, delay = outcome.status, outcome.delay
+                    attempt_line(job.name, job.id, job.attempt, job.max_attempts, seconds, status, delay)
                 with self._lock:
                     self._unwritten += 1
                 self._outcomes.put(outcome)
@@ -555,6 +615,7 @@ class Worker:
                 with self._lock:
                     self._in_flight.pop(job.id, None)
                     self.processed += 1
+                    self.outcomes[outcome.status] += 1
                 self._wake.set()
         finally:
             connections.close_all()
@@ -748,7 +809,7 @@ class Worker:
         if self._fatal is not None:
             logger.critical("worker %s stopped because its %s thread died", self.id, self._fatal)
             return 1
-        logger.info("worker %s stopped after %d job(s)", self.id, self.processed)
+        logger.info("worker %s stopped after %s", self.id, summary(self.processed, self.outcomes))
         return 1 if self._aborting.is_set() else 0
 
     @staticmethod

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from axa_django.worker import NotMigrated, PoolerMisconfigured, Worker
+from axa_django.logs import configure_for_command
+from axa_django.selection import check_queue
+from axa_django.worker import CannotConnect, NotMigrated, PoolerMisconfigured, UnknownJobs, Worker
 
 
 def _positive_int(text: str) -> int:
@@ -36,6 +37,13 @@ def _grace(text: str) -> float:
     return _seconds(text, allow_zero=True)
 
 
+def _queue(text: str) -> str:
+    try:
+        return check_queue(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 class Command(BaseCommand):
     help = "Run background jobs from the axa_queue table until SIGTERM/SIGINT (or drained, with --burst)."
 
@@ -43,8 +51,10 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=_positive_int, default=4, help="job threads (default 4)")
         parser.add_argument("--poll-interval", type=_seconds, default=None, help="seconds between polls when idle")
         parser.add_argument("--burst", action="store_true", help="run every ready job, then exit 0")
-        parser.add_argument("--max-jobs", type=_positive_int, default=None, help="exit after this many jobs")
-        parser.add_argument("--queue", action="append", dest="queues", help="claim only from this queue (repeatable)")
+        parser.add_argument("--max-jobs", type=_positive_int, default=None, help="exit after this many attempts")
+        parser.add_argument(
+            "--queue", action="append", dest="queues", type=_queue, help="claim only from this queue (repeatable)"
+        )
         parser.add_argument("--job", action="append", dest="names", help="claim only this job name (repeatable)")
         parser.add_argument(
             "--grace-period",
@@ -54,8 +64,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if options["verbosity"] > 0 and not logging.getLogger("axa_django").handlers and not logging.root.handlers:
-            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        configure_for_command(options["verbosity"])
         try:
             worker = Worker(
                 concurrency=options["concurrency"],
@@ -65,12 +74,15 @@ class Command(BaseCommand):
                 queues=options["queues"],
                 names=options["names"],
                 grace_period=options["grace_period"],
+                log_attempts=options["verbosity"] >= 2,
             )
+        except UnknownJobs as error:
+            raise CommandError(str(error), returncode=2) from None
         except ValueError as error:
             raise CommandError(str(error)) from None
         try:
             code = worker.run()
-        except (NotMigrated, PoolerMisconfigured) as error:
+        except (CannotConnect, NotMigrated, PoolerMisconfigured) as error:
             raise CommandError(str(error), returncode=2) from None
         if code:
             sys.exit(code)

@@ -1,0 +1,68 @@
+"""What the worker says: counted words, the per-attempt line, and runworker's own log set-up."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+logger = logging.getLogger("axa_django")
+# One line per finished attempt (runworker -v 2): its own logger, so a project can route
+# or silence it apart from the worker's other lines.
+jobs_logger = logging.getLogger("axa_django.jobs")
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """``1 handler``, ``2 handlers``; ``words`` for an irregular plural."""
+    return f"{count} {word if count == 1 else (words or word + 's')}"
+
+
+def summary(attempts: int, outcomes: Mapping[str, int]) -> str:
+    """``3 attempts: 2 completed, 1 to be retried``: attempts, then what became of them."""
+    words = {"completed": "completed", "failed": "failed", "cancelled": "cancelled", "queued": "to be retried"}
+    parts = [f"{outcomes[status]} {word}" for status, word in words.items() if outcomes.get(status)]
+    return plural(attempts, "attempt") + (": " + ", ".join(parts) if parts else "")
+
+
+def attempt_line(
+    name: str, job_id: object, attempt: int, max_attempts: int | None, seconds: float, status: str, delay: float
+) -> None:
+    """Log one finished attempt on ``axa_django.jobs`` at INFO."""
+    outcome = f"retry in {delay:g}s" if status == "queued" else status
+    of = f"/{max_attempts}" if max_attempts else ""
+    jobs_logger.info("job %s %s attempt %d%s: %s in %.3fs", name, job_id, attempt, of, outcome, seconds)
+
+
+def configured(name: str = "axa_django") -> bool:
+    """Whether a handler would receive records of logger ``name`` (its own, or an ancestor's it propagates to).
+
+    Django's default LOGGING configures only the ``django`` loggers, never the root
+    or ``axa_django``, so under it this is False.
+    """
+    current: logging.Logger | None = logging.getLogger(name)
+    while current is not None:
+        if current.handlers:
+            return True
+        if not current.propagate:
+            return False
+        current = current.parent  # type: ignore[assignment]
+    return False
+
+
+def configure_for_command(verbosity: int) -> bool:
+    """Give ``axa_django`` a stderr handler if the project configured none; return whether it did.
+
+    Only the ``axa_django`` logger: the root (and so the project's own loggers, which
+    a job may use) is left as the project set it, so no line is printed twice.
+    """
+    if verbosity < 1 or configured():
+        return False
+    target = logging.getLogger("axa_django")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(FORMAT))
+    target.addHandler(handler)
+    target.propagate = False  # the root has no handler either: nothing is lost
+    if target.level == logging.NOTSET:
+        target.setLevel(logging.DEBUG if verbosity >= 3 else logging.INFO)
+    return True
