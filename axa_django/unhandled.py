@@ -14,30 +14,30 @@ from . import conf
 COUNT_CAP = 100_000
 
 # Distinct queued names by a loose index scan of axa_queue_claim (name, priority DESC, run_at)
-# WHERE status = 'queued': one index probe per name, however many rows each has.
+# WHERE status = 'queued': one index probe per name, however many rows each has; rows
+# are counted only for the names no live worker claims.
 NAMES = """
 WITH RECURSIVE queued(name) AS (
     (SELECT name FROM axa_queue WHERE status = 'queued' ORDER BY name LIMIT 1)
     UNION ALL
     SELECT (SELECT q.name FROM axa_queue q WHERE q.status = 'queued' AND q.name > queued.name ORDER BY q.name LIMIT 1)
     FROM queued WHERE queued.name IS NOT NULL
-)
-SELECT name, ready FROM (
-    SELECT queued.name, (
-        SELECT count(*) FROM (
-            SELECT 1 FROM axa_queue q
-            WHERE q.status = 'queued' AND q.name = queued.name AND q.backend IS NULL AND q.run_at <= now()
-            LIMIT %(cap)s
-        ) AS capped
-    ) AS ready
-    FROM queued
-    WHERE queued.name IS NOT NULL AND NOT EXISTS (
-        SELECT 1 FROM axa_worker w
-        WHERE w.heartbeat_at >= now() - %(lease)s AND w.names ? queued.name
+), unhandled AS MATERIALIZED (
+    SELECT name FROM queued
+    WHERE name IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM axa_worker w WHERE w.heartbeat_at >= now() - %(lease)s AND w.names ? queued.name
     )
-) AS found
-WHERE ready > 0
-ORDER BY ready DESC, name
+)
+SELECT u.name, c.ready
+FROM unhandled u CROSS JOIN LATERAL (
+    SELECT count(*) AS ready FROM (
+        SELECT 1 FROM axa_queue q
+        WHERE q.status = 'queued' AND q.name = u.name AND q.backend IS NULL AND q.run_at <= now()
+        LIMIT %(cap)s
+    ) AS capped
+) AS c
+WHERE c.ready > 0
+ORDER BY c.ready DESC, u.name
 LIMIT %(limit)s
 """
 
@@ -52,23 +52,22 @@ WITH RECURSIVE queued(backend) AS (
         ORDER BY q.backend LIMIT 1
     )
     FROM queued WHERE queued.backend IS NOT NULL
-)
-SELECT backend, ready FROM (
-    SELECT queued.backend, (
-        SELECT count(*) FROM (
-            SELECT 1 FROM axa_queue q
-            WHERE q.status = 'queued' AND q.backend = queued.backend AND q.run_at <= now()
-            LIMIT %(cap)s
-        ) AS capped
-    ) AS ready
-    FROM queued
-    WHERE queued.backend IS NOT NULL AND NOT EXISTS (
-        SELECT 1 FROM axa_worker w
-        WHERE w.heartbeat_at >= now() - %(lease)s AND w.backends ? queued.backend
+), unhandled AS MATERIALIZED (
+    SELECT backend FROM queued
+    WHERE backend IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM axa_worker w WHERE w.heartbeat_at >= now() - %(lease)s AND w.backends ? queued.backend
     )
-) AS found
-WHERE ready > 0
-ORDER BY ready DESC, backend
+)
+SELECT u.backend, c.ready
+FROM unhandled u CROSS JOIN LATERAL (
+    SELECT count(*) AS ready FROM (
+        SELECT 1 FROM axa_queue q
+        WHERE q.status = 'queued' AND q.backend = u.backend AND q.run_at <= now()
+        LIMIT %(cap)s
+    ) AS capped
+) AS c
+WHERE c.ready > 0
+ORDER BY c.ready DESC, u.backend
 LIMIT %(limit)s
 """
 
