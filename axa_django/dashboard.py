@@ -137,7 +137,7 @@ def chart_svg(hours: list[Hour], width: int = 720, height: int = 180) -> SafeStr
         label = local.strftime("%H:00")
         ok_h = hour.completed * scale
         bad_h = hour.failed * scale
-        tip = f"{local:%Y-%m-%d %H:00}: {hour.completed} completed, {hour.failed} failed"
+        tip = f"{local:%Y-%m-%d %H:00}: {hour.completed:,} completed, {hour.failed:,} failed"
         bars.append((f"{x:.1f}", f"{top + plot_h - ok_h:.1f}", f"{w:.1f}", f"{ok_h:.1f}", "axa-bar-ok", tip))
         bars.append(
             (f"{x:.1f}", f"{top + plot_h - ok_h - bad_h:.1f}", f"{w:.1f}", f"{bad_h:.1f}", "axa-bar-failed", tip)
@@ -159,13 +159,13 @@ def chart_svg(hours: list[Hour], width: int = 720, height: int = 180) -> SafeStr
         "{rects}{ticks}</svg>",
         w=width,
         h=height,
-        aria=f"Jobs completed and failed per hour over the last {len(hours)} hours; peak {peak}",
+        aria=f"Jobs completed and failed per hour over the last {len(hours)} hours; peak {peak:,}",
         l=left,
         r=width - right,
         base=top + plot_h,
         tx=left - 4,
         ty=top + 10,
-        peak=peak,
+        peak=f"{peak:,}",
         rects=rects,
         ticks=ticks,
     )

@@ -51,7 +51,7 @@ def page(live_server: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            context = browser.new_context(viewport={"width": 1440, "height": 900})
+            context = browser.new_context(viewport={"width": 1366, "height": 768})
             tab = context.new_page()
             tab.set_default_timeout(30_000)
             tab.goto(f"{live_server.url}/admin/login/")
@@ -109,6 +109,30 @@ def drain(workers: Workers) -> None:
     assert proc.returncode == 0, out
 
 
+def error_cells_fit(tab: Any) -> None:
+    """Every Error cell ends inside the 1366 px viewport: the column is not pushed off screen."""
+    width = tab.viewport_size["width"]
+    cells = tab.locator("#result_list td.field-error_shown")
+    assert cells.count() > 0
+    for i in range(cells.count()):
+        box = cells.nth(i).bounding_box()
+        assert box is not None and box["x"] + box["width"] <= width, (box, width)
+    assert tab.evaluate("document.documentElement.scrollWidth") <= width
+
+
+def breadcrumbs_styled(tab: Any) -> None:
+    """The breadcrumbs carry the admin's bar (Django 5.2 styles <div>, 6 <ol>) and sit above the sidebar."""
+    crumbs = tab.locator(".breadcrumbs")
+    assert crumbs.count() == 1
+    background = crumbs.evaluate("e => getComputedStyle(e).backgroundColor")
+    assert background not in ("rgba(0, 0, 0, 0)", "transparent"), background
+    box = crumbs.bounding_box()
+    assert box is not None and box["x"] <= 1 and box["height"] > 20, box
+    sidebar = tab.locator("#nav-sidebar")
+    if sidebar.count() and sidebar.is_visible():
+        assert box["y"] + box["height"] <= sidebar.bounding_box()["y"] + 1
+
+
 def test_retry_a_failed_job_in_the_browser_and_a_worker_completes_it(
     page: Any, live_server: Any, workers: Workers, tmp_path: Path
 ) -> None:
@@ -121,6 +145,16 @@ def test_retry_a_failed_job_in_the_browser_and_a_worker_completes_it(
     jobs.count.perform_later(fail=True)
     jobs.record.perform_later(token="<script>alert('x')</script>", log=str(tmp_path / "r.log"))
     drain(workers)
+    # A long error, as a Rust producer's FINISH leaves it: the list must still fit 1366 px.
+    long_error = "RuntimeError: " + " ".join(f"upstream-service-{n}-refused" for n in range(40))
+    Job.objects.create(
+        name="CountWorker",
+        args={"fail": True},
+        status="failed",
+        attempts=1,
+        error=long_error,
+        finished_at=timezone.now(),
+    )
     job.refresh_from_db()
     assert job.status == "failed" and "flaky run 2" in job.error
 
@@ -129,13 +163,18 @@ def test_retry_a_failed_job_in_the_browser_and_a_worker_completes_it(
     page.wait_for_selector("#result_list")
     row = page.locator("#result_list tbody tr", has_text="flaky")
     assert "ValueError: flaky run 2" in row.inner_text()
-    assert page.locator("#result_list tbody tr").count() == 2  # flaky and CountWorker
+    assert page.locator("#result_list tbody tr").count() == 3  # flaky, CountWorker and the long error
+    error_cells_fit(page)
     screenshot(page, "failed-jobs.png", docs=True)
 
     # Open it, retry it, and see it queued.
     row.locator("th a").first.click()
     page.wait_for_selector("#axa-retry")
     assert "flaky run 2" in page.locator("#axa-attempts").inner_text()
+    # The failure comes before the result fields; booleans read as words.
+    failure_top = page.locator("#axa-attempts").bounding_box()["y"]
+    assert failure_top < page.locator(".field-result_shown").bounding_box()["y"]
+    assert page.locator(".field-cancel_requested_shown .readonly").inner_text().strip() == "no"
     screenshot(page, "failed-job-detail.png")
     page.click("#axa-retry")
     page.wait_for_selector(".messagelist .success")
@@ -164,7 +203,8 @@ def test_retry_a_failed_job_in_the_browser_and_a_worker_completes_it(
     backfilled = backfill_a_day()
     page.goto(f"{live_server.url}/admin/axa_django/job/")
     assert page.locator("#result_list tbody tr").count() == 50
-    assert f"{Job.objects.count()} jobs" in page.locator(".paginator").inner_text()
+    assert f"{Job.objects.count():,} jobs" in page.locator(".paginator").inner_text()
+    error_cells_fit(page)
     screenshot(page, "jobs.png", full_page=False)
     live = workers.start()
     wait_for(lambda: Worker.objects.exists(), 30, "the worker to register")
@@ -176,8 +216,9 @@ def test_retry_a_failed_job_in_the_browser_and_a_worker_completes_it(
     assert "Completed" in counts and "Failed" in counts
     assert page.locator("#axa-chart svg rect.axa-bar-ok").count() == 24
     legend = page.locator(".axa-legend").inner_text()
-    assert f"completed: {Job.objects.filter(status='completed').count()}" in legend
+    assert f"completed: {Job.objects.filter(status='completed').count():,}" in legend
     assert backfilled > 24 * 20
+    breadcrumbs_styled(page)
     screenshot(page, "dashboard.png", docs=True)
     live.terminate()
     live.wait(timeout=30)
