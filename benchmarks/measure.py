@@ -144,7 +144,7 @@ def wait_until(condition: Callable[[], Any], timeout: float, what: str, step: fl
 
 
 def wait_idle(limit: float, timeout: float = 30.0) -> float:
-    """Wait (up to ``timeout`` s) for one second in which the machine's busy cores stay below ``limit``; return the last reading."""
+    """Wait up to ``timeout`` s for a second with fewer busy cores than ``limit``; return the last reading."""
     deadline = time.monotonic() + timeout
     while True:
         before, start = machine_busy(), time.monotonic()
