@@ -20,14 +20,9 @@ def time_claim(reps: int = 300) -> tuple[float, str]:
     timings = []
     with connect("default", "bench") as conn:
         conn.autocommit = False
-        query = statements.CLAIM.format(queues="")
-        params = {
-            "worker": None,
-            "names": ["benchmarks.benchapp.jobs.noop"],
-            "backends": [],
-            "limit": 4,
-            "queues": None,
-        }
+        # As the worker composes it: names, backends and queues written in once.
+        query = statements.compose(statements.CLAIM, ["benchmarks.benchapp.jobs.noop"], [], None)
+        params = {"worker": None, "limit": 4}
         for _ in range(reps):
             start = time.perf_counter()
             rows = conn.execute(query, params).fetchall()

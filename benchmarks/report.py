@@ -72,7 +72,7 @@ def report(results: dict[str, Any]) -> None:
         missing = sum(r.get("missing", 0) for p in runs[tool].values() for r in p)
         timed = [r for p in runs[tool].values() for r in p]
         others = [r["others_cores"] for r in timed if "others_cores" in r]
-        busy = [r["busy_before_cores"] for r in timed]
+        busy = [r["busy_before_cores"] for r in timed if r.get("busy_before_cores") is not None] or [0.0]
         print(
             f"{tool:<16} duplicates {dups}, missing {missing} over {len(timed)} runs; "
             f"busy cores before each run (not ours) median {statistics.median(busy):.2f} max {max(busy):.2f}"
@@ -82,6 +82,7 @@ def report(results: dict[str, Any]) -> None:
     if claim:
         print(
             f"\naxa claim: empty table {claim['claim_empty_ms']:.3f} ms, "
-            f"with 1M finished + 100k foreign ready {claim['claim_big_ms']:.3f} ms "
+            f"with {results['args']['finished_rows']:,} finished + {results['args']['foreign_rows']:,} "
+            f"other-name ready rows {claim['claim_big_ms']:.3f} ms "
             f"(ratio {claim['claim_big_ms'] / claim['claim_empty_ms']:.2f})"
         )

@@ -46,7 +46,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--foreign-rows", type=int, default=100_000, help="ready rows of other names")
     parser.add_argument("--skip", action="append", default=[], choices=[*PHASES, "claim"])
     parser.add_argument("--idle-below", type=float, default=0.3, help="wait for busy cores below this (default 0.3)")
-    parser.add_argument("--idle-timeout", type=float, default=20.0, help="but no longer than this, s (default 20)")
+    parser.add_argument(
+        "--idle-timeout", type=float, default=20.0, help="but no longer than this, s (default 20; 0: no wait)"
+    )
+    parser.add_argument("--db-prefix", default="axa_bench_", help="databases are <prefix><tool> (default axa_bench_)")
     parser.add_argument("--peer-python", help="Python >= 3.12 for the peers' venvs (default: found on PATH/pyenv)")
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "latest.json"), help="output file")
     return parser.parse_args()
@@ -132,7 +135,7 @@ def run_phase(args: argparse.Namespace, runner: Runner, phase: str) -> dict[str,
     if phase.startswith("drain"):
         runner("fill", "--n", str(args.drain))
         clean(runner.url, vacuum_only=True)
-    idle = measure.wait_idle(args.idle_below, args.idle_timeout)
+    idle = measure.wait_idle(args.idle_below, args.idle_timeout) if args.idle_timeout else None
     load = os.getloadavg()[0]
     if phase == "single":
         result = runner("single", "--n", str(args.single))
@@ -168,7 +171,7 @@ def main() -> None:
     versions = {}
     for tool in tools:
         python = sys.executable if tool == "axa" else venvs.ensure(tool, peer_python)
-        url = fresh_database(base_url, "axa_bench_" + tool.replace("-", "_"))
+        url = fresh_database(base_url, args.db_prefix + tool.replace("-", "_"))
         runners[tool] = Runner(tool, python, url, server["pg_pid"])
         versions[tool] = runners[tool]("setup")["version"]
     results: dict[str, Any] = {
