@@ -49,8 +49,10 @@ def report(results: dict[str, Any]) -> None:
     rounds = results["args"]["rounds"]
     print(f"\nmedians of {rounds} round(s); ratio = axa/peer when higher is better, peer/axa when lower is better:")
     print("a ratio above 1 means axa is ahead in that row")
+    axa_args = results["args"].get("axa_args")
     for tool in tools:
-        print(f"  {tool:<16} {WORKERS[tool]}")
+        worker = f"runworker {axa_args} (run.py --axa-args)" if tool == "axa" and axa_args else WORKERS[tool]
+        print(f"  {tool:<16} {worker}")
     line = f"{'metric':<36} {'unit':<7} {'axa':>10}"
     for tool in tools[1:]:
         line += f" | {tool:>16} {'ratio':>7}"
@@ -75,7 +77,7 @@ def report(results: dict[str, Any]) -> None:
         busy = [r["busy_before_cores"] for r in timed if r.get("busy_before_cores") is not None] or [0.0]
         print(
             f"{tool:<16} duplicates {dups}, missing {missing} over {len(timed)} runs; "
-            f"busy cores before each run (not ours) median {statistics.median(busy):.2f} max {max(busy):.2f}"
+            f"machine's busy cores before each run median {statistics.median(busy):.2f} max {max(busy):.2f}"
             + (f"; others' CPU during runs median {statistics.median(others):.2f} cores" if others else "")
         )
     claim = results.get("claim")

@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--idle-below", type=float, default=0.3, help="wait for busy cores below this (default 0.3)")
     parser.add_argument(
         "--idle-timeout", type=float, default=20.0, help="but no longer than this, s (default 20; 0: no wait)"
+    )
+    parser.add_argument(
+        "--axa-args", default="", help='extra runworker arguments, e.g. "--concurrency 16" (default: none)'
     )
     parser.add_argument("--db-prefix", default="axa_bench_", help="databases are <prefix><tool> (default axa_bench_)")
     parser.add_argument("--peer-python", help="Python >= 3.12 for the peers' venvs (default: found on PATH/pyenv)")
@@ -116,15 +120,16 @@ def clean(url: str, vacuum_only: bool = False) -> None:
 class Runner:
     """Runs benchmarks/driver.py phases of one tool in its venv, on its database."""
 
-    def __init__(self, tool: str, python: str, url: str, pg_pid: int) -> None:
+    def __init__(self, tool: str, python: str, url: str, pg_pid: int, axa_args: str) -> None:
         self.tool, self.python, self.url, self.pg_pid = tool, python, url, pg_pid
+        self.axa_args = axa_args
 
     def __call__(self, phase: str, *extra: str) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="axa-bench-") as tmp:
             out = Path(tmp) / "out.json"
             command = [self.python, str(ROOT / "benchmarks" / "driver.py"), "--tool", self.tool, "--phase", phase]
             command += ["--pg-pid", str(self.pg_pid), "--out", str(out), *extra]
-            env = dict(os.environ, DATABASE_URL=self.url, PYTHONPATH=str(ROOT))
+            env = dict(os.environ, DATABASE_URL=self.url, PYTHONPATH=str(ROOT), BENCH_AXA_ARGS=self.axa_args)
             env.pop("DJANGO_SETTINGS_MODULE", None)
             subprocess.run(command, cwd=ROOT, env=env, check=True)
             return json.loads(out.read_text())
@@ -172,7 +177,7 @@ def main() -> None:
     for tool in tools:
         python = sys.executable if tool == "axa" else venvs.ensure(tool, peer_python)
         url = fresh_database(base_url, args.db_prefix + tool.replace("-", "_"))
-        runners[tool] = Runner(tool, python, url, server["pg_pid"])
+        runners[tool] = Runner(tool, python, url, server["pg_pid"], args.axa_args)
         versions[tool] = runners[tool]("setup")["version"]
     results: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
@@ -180,7 +185,7 @@ def main() -> None:
         "user": base["USER"],
         "versions": versions,
         "args": {k: v for k, v in vars(args).items() if k != "json"},
-        "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        "command": shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
         "runs": {tool: {} for tool in tools},
     }
     print_header(results)

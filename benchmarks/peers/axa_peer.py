@@ -1,8 +1,9 @@
-"""axa-django in the benchmark: ``runworker`` at its defaults, ``perform_later`` / ``perform_later_many``."""
+"""axa-django in the benchmark: ``runworker`` at its defaults (plus run.py's --axa-args), ``perform_later(_many)``."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
 from benchmarks.peers.base import Tool
@@ -42,4 +43,4 @@ class Peer(Tool):
         self.job.perform_later_many([{"i": i} for i in ids])
 
     def worker_command(self) -> list[str]:
-        return [sys.executable, "-m", "django", "runworker"]
+        return [sys.executable, "-m", "django", "runworker", *shlex.split(os.environ.get("BENCH_AXA_ARGS", ""))]
