@@ -1,324 +1,209 @@
 #!/usr/bin/env python
-"""Benchmark axa-django against one PostgreSQL and print the figures (never asserted).
+"""Benchmark axa-django, alone or beside its peers, on the PostgreSQL server DATABASE_URL names.
 
-Measures enqueue (one at a time, bulk), drain of no-op jobs by one and two
-``runworker`` processes, pickup latency of an idle worker, and claim time on an empty
-table versus one with 1,000,000 finished rows and 100,000 ready rows of other names.
-Uses DATABASE_URL, or an embedded PostgreSQL kept under benchmarks/.data.
+Workloads, the same for every tool at its own defaults: enqueue one at a time, bulk enqueue,
+drain of ready no-op jobs by 1 and 2 worker processes, pickup latency of jobs enqueued every
+--latency-gap s to one idle worker; and (axa only) claim time on an empty table versus one with
+1,000,000 finished rows and 100,000 ready rows of other names. Each tool gets a fresh database
+(axa_bench_<tool>) on that server and runs in its own venv (benchmarks/.venvs/<peer>, made here).
+Without DATABASE_URL an embedded PostgreSQL is kept under benchmarks/.data (a Unix socket:
+flattering; see docs/performance.md for a durable server over TCP).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
-import signal
-import statistics
+import shlex
 import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import manage, sql, wait_until  # noqa: E402
+from benchmarks import measure, venvs  # noqa: E402
+from benchmarks.report import report  # noqa: E402
+
+PEERS = ["pgqueuer", "procrastinate", "django-tasks-db"]
+NO_BULK = {"django-tasks-db"}
+PHASES = ["single", "bulk", "drain1", "drain2", "latency"]
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--peer", action="append", default=[], choices=PEERS, help="also run this peer (repeatable)")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds, tools interleaved in each (default 1)")
     parser.add_argument("--single", type=int, default=3000, help="jobs enqueued one at a time (default 3000)")
     parser.add_argument("--bulk", type=int, default=100_000, help="jobs enqueued in bulk (default 100000)")
     parser.add_argument("--drain", type=int, default=10_000, help="no-op jobs drained per run (default 10000)")
-    parser.add_argument("--concurrency", type=int, default=4, help="threads per worker process (default 4)")
     parser.add_argument("--latency-jobs", type=int, default=200, help="jobs for the pickup latency run")
     parser.add_argument("--latency-gap", type=float, default=0.02, help="seconds between those jobs")
     parser.add_argument("--finished-rows", type=int, default=1_000_000, help="finished rows for the claim run")
     parser.add_argument("--foreign-rows", type=int, default=100_000, help="ready rows of other names")
-    parser.add_argument("--skip", action="append", default=[], choices=["enqueue", "drain", "latency", "claim"])
-    parser.add_argument("--peer", choices=["django-tasks-db"], help="also run the workloads through this peer")
+    parser.add_argument("--skip", action="append", default=[], choices=[*PHASES, "claim"])
+    parser.add_argument("--idle-below", type=float, default=0.3, help="wait for busy cores below this (default 0.3)")
     parser.add_argument(
-        "--peer-interval",
-        type=float,
-        default=1.0,
-        help="db_worker --interval for the peer's latency run (default 1.0: db_worker's default and our POLL_INTERVAL)",
+        "--idle-timeout", type=float, default=20.0, help="but no longer than this, s (default 20; 0: no wait)"
     )
     parser.add_argument(
-        "--peer-fast-interval",
-        type=float,
-        default=0.1,
-        help="a second peer latency run with this shorter --interval (default 0.1; 0 skips it)",
+        "--axa-args", default="", help='extra runworker arguments, e.g. "--concurrency 16" (default: none)'
     )
-    parser.add_argument(
-        "--no-peer-persistent",
-        action="store_true",
-        help="skip the second peer run with persistent connections (CONN_MAX_AGE=None)",
-    )
+    parser.add_argument("--db-prefix", default="axa_bench_", help="databases are <prefix><tool> (default axa_bench_)")
+    parser.add_argument("--peer-python", help="Python >= 3.12 for the peers' venvs (default: found on PATH/pyenv)")
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "latest.json"), help="output file")
     return parser.parse_args()
 
 
-def check_peer(peer: str) -> None:
-    """Exit with the install command unless the peer and what it needs are here."""
-    problem = None
-    if sys.version_info < (3, 12):
-        problem = f"it needs Python >= 3.12 (this is {platform.python_version()})"
-    elif importlib.util.find_spec("django_tasks_db") is None:
-        problem = "it is not installed"
-    else:
-        import django
-
-        if django.VERSION < (6, 0):
-            problem = f"it needs Django >= 6.0 (this is {django.get_version()})"
-    if problem:
-        raise SystemExit(
-            f"benchmark: cannot run the peer {peer}: {problem}.\n"
-            f'Install it with: pip install -e ".[bench]"  (on Python >= 3.12)'
-        )
-
-
-def setup_database(peer: bool = False) -> str:
-    """Create fresh databases axa_bench (and axa_bench_peer) on the server and point Django at axa_bench."""
-    from axa_django.devdb import database, parse_url
-
-    base = database(ROOT / "benchmarks" / ".data" / "pg", cleanup="stop")
+def connect(url: str) -> Any:
     import psycopg
 
-    with psycopg.connect(
-        dbname=base["NAME"],
-        user=base["USER"],
-        password=base["PASSWORD"],
-        host=base["HOST"],
-        port=base["PORT"],
-        autocommit=True,
-    ) as conn:
-        conn.execute("DROP DATABASE IF EXISTS axa_bench WITH (FORCE)")
-        conn.execute("CREATE DATABASE axa_bench")
-        if peer:
-            conn.execute("DROP DATABASE IF EXISTS axa_bench_peer WITH (FORCE)")
-            conn.execute("CREATE DATABASE axa_bench_peer")
-        version = conn.execute("SHOW server_version").fetchone()[0]
-    url = os.environ["DATABASE_URL"]
+    return psycopg.connect(url, autocommit=True)
+
+
+def with_database(url: str, name: str) -> str:
     head, _, query = url.partition("?")
-    head = head.rsplit("/", 1)[0] + "/axa_bench"
-    os.environ["DATABASE_URL"] = head + ("?" + query if query else "")
-    parse_url(os.environ["DATABASE_URL"])
-    return version
+    return head.rsplit("/", 1)[0] + "/" + name + ("?" + query if query else "")
 
 
-def reset() -> None:
-    sql("TRUNCATE axa_queue, axa_worker")
+def server_info(url: str) -> dict[str, Any]:
+    """Version, durability settings, connection type, and the postmaster's pid when it is on this machine."""
+    with connect(url) as conn:
+        version, fsync, sync_commit, addr, port, backend = conn.execute(
+            "SELECT current_setting('server_version'), current_setting('fsync'), "
+            "current_setting('synchronous_commit'), host(inet_server_addr()), inet_server_port(), pg_backend_pid()"
+        ).fetchone()
+        where = f"TCP {addr}:{port}" if addr else "Unix socket " + (conn.info.host or "")
+    pg_pid = 0
+    if not addr or addr in ("127.0.0.1", "::1"):
+        # The backend's parent is the postmaster; its CPU counts every backend, reaped or live.
+        try:
+            ppid = int(Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            if "postgres" in Path(f"/proc/{ppid}/cmdline").read_text():
+                pg_pid = ppid
+        except (OSError, ValueError, IndexError):
+            pass
+    return {
+        "version": version,
+        "fsync": fsync,
+        "synchronous_commit": sync_commit,
+        "connection": where,
+        "pg_pid": pg_pid,
+    }
 
 
-def worker(*args: str) -> subprocess.Popen[bytes]:
-    return manage("benchmarks.settings", "runworker", *args)
+def fresh_database(base: str, name: str) -> str:
+    with connect(base) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return with_database(base, name)
 
 
-def bench_enqueue(args: argparse.Namespace, results: dict[str, Any]) -> None:
-    from benchmarks.benchapp.jobs import noop
-
-    reset()
-    start = time.perf_counter()
-    for _ in range(args.single):
-        noop.perform_later()
-    results["enqueue_single_per_s"] = args.single / (time.perf_counter() - start)
-    reset()
-    start = time.perf_counter()
-    chunk = 10_000
-    for offset in range(0, args.bulk, chunk):
-        noop.perform_later_many([{}] * min(chunk, args.bulk - offset))
-    results["enqueue_bulk_per_s"] = args.bulk / (time.perf_counter() - start)
-    reset()
+def clean(url: str, vacuum_only: bool = False) -> None:
+    """Empty the tool's tables (not its migration records), then VACUUM ANALYZE and CHECKPOINT."""
+    with connect(url) as conn:
+        if not vacuum_only:
+            tables = conn.execute(
+                "SELECT string_agg(format('%I.%I', schemaname, tablename), ', ') FROM pg_tables "
+                "WHERE schemaname NOT IN ('pg_catalog', 'information_schema') AND tablename <> 'django_migrations'"
+            ).fetchone()[0]
+            if tables:
+                conn.execute(f"TRUNCATE {tables} RESTART IDENTITY CASCADE")
+        conn.execute("VACUUM ANALYZE")
+        conn.execute("CHECKPOINT")
 
 
-def bench_drain(args: argparse.Namespace, results: dict[str, Any], processes: int) -> None:
-    from benchmarks.benchapp.jobs import noop
+class Runner:
+    """Runs benchmarks/driver.py phases of one tool in its venv, on its database."""
 
-    reset()
-    noop.perform_later_many([{}] * args.drain)
-    sql("VACUUM ANALYZE axa_queue")
-    start = time.perf_counter()
-    procs = [worker("--concurrency", str(args.concurrency), "--burst") for _ in range(processes)]
-    for proc in procs:
-        proc.wait(timeout=600)
-    wall = time.perf_counter() - start
-    done, span = sql(
-        "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at)) "
-        "FROM axa_queue WHERE status = 'completed'"
-    )[0]
-    if done != args.drain:
-        raise SystemExit(f"benchmark: drained {done} of {args.drain}")
-    results[f"drain_{processes}_process_per_s"] = done / float(span)
-    results[f"drain_{processes}_process_wall_s"] = wall
+    def __init__(self, tool: str, python: str, url: str, pg_pid: int, axa_args: str) -> None:
+        self.tool, self.python, self.url, self.pg_pid = tool, python, url, pg_pid
+        self.axa_args = axa_args
+
+    def __call__(self, phase: str, *extra: str) -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="axa-bench-") as tmp:
+            out = Path(tmp) / "out.json"
+            command = [self.python, str(ROOT / "benchmarks" / "driver.py"), "--tool", self.tool, "--phase", phase]
+            command += ["--pg-pid", str(self.pg_pid), "--out", str(out), *extra]
+            env = dict(os.environ, DATABASE_URL=self.url, PYTHONPATH=str(ROOT), BENCH_AXA_ARGS=self.axa_args)
+            env.pop("DJANGO_SETTINGS_MODULE", None)
+            subprocess.run(command, cwd=ROOT, env=env, check=True)
+            return json.loads(out.read_text())
 
 
-def bench_latency(args: argparse.Namespace, results: dict[str, Any]) -> None:
-    from benchmarks.benchapp.jobs import noop
-
-    reset()
-    proc = worker("--concurrency", str(args.concurrency))
-    wait_until(lambda: sql("SELECT count(*) FROM axa_worker")[0][0] == 1, 60, "worker to start")
-    time.sleep(0.5)  # let it settle into its idle wait
-    for _ in range(args.latency_jobs):
-        noop.perform_later()
-        time.sleep(args.latency_gap)
-    wait_until(
-        lambda: sql("SELECT count(*) FROM axa_queue WHERE status = 'completed'")[0][0] == args.latency_jobs,
-        60,
-        "latency jobs",
-    )
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=60)
-    delays = sorted(
-        float(row[0]) * 1000 for row in sql("SELECT extract(epoch FROM started_at - created_at) FROM axa_queue")
-    )
-    q = statistics.quantiles(delays, n=100, method="inclusive")
-    results["pickup_p50_ms"], results["pickup_p95_ms"], results["pickup_p99_ms"] = q[49], q[94], q[98]
+def run_phase(args: argparse.Namespace, runner: Runner, phase: str) -> dict[str, Any]:
+    clean(runner.url)
+    if phase.startswith("drain"):
+        runner("fill", "--n", str(args.drain))
+        clean(runner.url, vacuum_only=True)
+    idle = measure.wait_idle(args.idle_below, args.idle_timeout) if args.idle_timeout else None
+    load = os.getloadavg()[0]
+    if phase == "single":
+        result = runner("single", "--n", str(args.single))
+    elif phase == "bulk":
+        result = runner("bulk", "--n", str(args.bulk))
+    elif phase.startswith("drain"):
+        result = runner("drain", "--n", str(args.drain), "--processes", phase[-1])
+    else:
+        result = runner("latency", "--n", str(args.latency_jobs), "--gap", str(args.latency_gap))
+    return {**result, "busy_before_cores": idle, "load1_before": load}
 
 
-def time_claim(reps: int = 300) -> float:
-    """Median milliseconds of the worker's CLAIM for one job, rolled back each time."""
-    import psycopg
-
-    from axa_django import sql as statements
-    from axa_django.worker import connect
-
-    timings = []
-    with connect("default", "bench") as conn:
-        conn.autocommit = False
-        query = statements.CLAIM.format(queues="")
-        params = {
-            "worker": None,
-            "names": ["benchmarks.benchapp.jobs.noop"],
-            "backends": [],
-            "limit": 4,
-            "queues": None,
-        }
-        for _ in range(reps):
-            start = time.perf_counter()
-            rows = conn.execute(query, params).fetchall()
-            timings.append((time.perf_counter() - start) * 1000)
-            assert len(rows) == 1, rows
-            conn.rollback()
-        plan = "\n".join(r[0] for r in conn.execute(psycopg.sql.SQL("EXPLAIN ") + psycopg.sql.SQL(query), params))
-        conn.rollback()
-    return statistics.median(timings), plan
-
-
-def bench_claim(args: argparse.Namespace, results: dict[str, Any]) -> None:
-    from benchmarks.benchapp.jobs import noop
-
-    reset()
-    noop.perform_later()
-    sql("VACUUM ANALYZE axa_queue")
-    results["claim_empty_ms"], _ = time_claim()
-    sql(
-        "INSERT INTO axa_queue (id, name, args, status, run_at, finished_at) "
-        "SELECT gen_random_uuid(), 'benchmarks.benchapp.jobs.noop', '{}', "
-        "CASE WHEN i %% 10 = 0 THEN 'failed' ELSE 'completed' END, now() - interval '1 day', now() "
-        "FROM generate_series(1, %s) AS i",
-        [args.finished_rows],
-    )
-    sql(
-        "INSERT INTO axa_queue (id, name, args, run_at) "
-        "SELECT gen_random_uuid(), 'other.service.job', '{}', now() - interval '1 hour' "
-        "FROM generate_series(1, %s)",
-        [args.foreign_rows],
-    )
-    sql("VACUUM ANALYZE axa_queue")
-    results["claim_big_ms"], plan = time_claim()
-    results["claim_big_plan"] = plan
-    reset()
-
-
-PEER_CONFIGS = {"default": "0", "persistent": "none"}  # BENCH_PEER_CONN_MAX_AGE of each peer run
-
-
-def bench_peer(args: argparse.Namespace, config: str) -> dict[str, Any]:
-    """Run benchmarks/peer.py (its own process: Django is set up with the peer's settings) and read its JSON."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "peer.json"
-        command = [
-            sys.executable,
-            str(ROOT / "benchmarks" / "peer.py"),
-            "--single",
-            str(args.single),
-            "--drain",
-            str(args.drain),
-            "--latency-jobs",
-            str(args.latency_jobs),
-            "--latency-gap",
-            str(args.latency_gap),
-            "--interval",
-            str(args.peer_interval),
-            "--fast-interval",
-            str(args.peer_fast_interval),
-            "--out",
-            str(out),
-        ]
-        for skipped in args.skip:
-            if skipped != "claim":
-                command += ["--skip", skipped]
-        env = dict(os.environ, BENCH_PEER_CONN_MAX_AGE=PEER_CONFIGS[config])
-        env.pop("DJANGO_SETTINGS_MODULE", None)
-        subprocess.run(command, cwd=ROOT, env=env, check=True)
-        return json.loads(out.read_text())
-
-
-def peer_ratios(results: dict[str, Any]) -> None:
-    """Add axa/peer for rates and peer/axa for latencies (bigger is better for axa in both)."""
-    peer = results["peer"]
-    for config in PEER_CONFIGS:
-        if config not in peer:
-            continue
-        ratios = {}
-        for key, *_ in PEER_ROWS:
-            axa_key = key.removesuffix("_fast")
-            if key in peer[config] and results.get(axa_key):
-                a, b = results[axa_key], peer[config][key]
-                ratios[key] = b / a if key.startswith("pickup") else a / b
-        peer[config]["ratios"] = ratios
+def describe(phase: str, tool: str, result: dict[str, Any]) -> str:
+    if phase == "latency":
+        main = f"p50 {result['p50_ms']:.2f} ms, p95 {result['p95_ms']:.2f}, p99 {result['p99_ms']:.2f}"
+    else:
+        main = f"{result['per_s']:,.0f} jobs/s"
+    extras = [f"{k}={v:.3g}" for k, v in result.items() if isinstance(v, float) and k not in ("per_s",)]
+    extras += [f"{k}={v}" for k, v in result.items() if isinstance(v, int) and not isinstance(v, bool)]
+    return f"  {phase:<8} {tool:<16} {main}  ({', '.join(extras)})"
 
 
 def main() -> None:
     args = parse_args()
-    if args.peer:
-        check_peer(args.peer)
-    version = setup_database(peer=bool(args.peer))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
-    import django
+    from axa_django.devdb import database
 
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+    base = database(ROOT / "benchmarks" / ".data" / "pg", cleanup="stop")
+    base_url = os.environ["DATABASE_URL"]
+    server = server_info(base_url)
+    tools = ["axa", *dict.fromkeys(args.peer)]
+    peer_python = venvs.find_python(args.peer_python) if args.peer else ""
+    runners = {}
+    versions = {}
+    for tool in tools:
+        python = sys.executable if tool == "axa" else venvs.ensure(tool, peer_python)
+        url = fresh_database(base_url, args.db_prefix + tool.replace("-", "_"))
+        runners[tool] = Runner(tool, python, url, server["pg_pid"], args.axa_args)
+        versions[tool] = runners[tool]("setup")["version"]
     results: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-        "postgresql": version,
-        "concurrency": args.concurrency,
+        "server": server,
+        "user": base["USER"],
+        "versions": versions,
+        "args": {k: v for k, v in vars(args).items() if k != "json"},
+        "command": shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        "runs": {tool: {} for tool in tools},
     }
-    if "enqueue" not in args.skip:
-        bench_enqueue(args, results)
-    if "drain" not in args.skip:
-        bench_drain(args, results, 1)
-        bench_drain(args, results, 2)
-    if "latency" not in args.skip:
-        bench_latency(args, results)
+    print_header(results)
+    phases = [p for p in PHASES if p not in args.skip]
+    for round_no in range(args.rounds):
+        print(f"round {round_no + 1} of {args.rounds}", flush=True)
+        for index, phase in enumerate(phases):
+            shift = (round_no + index) % len(tools)
+            for tool in tools[shift:] + tools[:shift]:  # who goes first rotates
+                if phase == "bulk" and tool in NO_BULK:
+                    continue
+                result = run_phase(args, runners[tool], phase)
+                results["runs"][tool].setdefault(phase, []).append(result)
+                print(describe(phase, tool, result), flush=True)
     if "claim" not in args.skip:
-        bench_claim(args, results)
-    if args.peer:
-        results["peer"] = {"name": args.peer}
-        for config in PEER_CONFIGS:
-            if config == "persistent" and args.no_peer_persistent:
-                continue
-            print(f"running the peer {args.peer}, {config} connections ...", file=sys.stderr)
-            results["peer"][config] = bench_peer(args, config)
-        peer_ratios(results)
+        from benchmarks.claim import bench_claim
+
+        results["claim"] = bench_claim(runners["axa"].url, args.finished_rows, args.foreign_rows)
     report(results)
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -326,81 +211,17 @@ def main() -> None:
     print(f"\nwrote {out}")
 
 
-ROWS = [
-    ("enqueue_single_per_s", "enqueue, one at a time", "jobs/s", ">= 2,000"),
-    ("enqueue_bulk_per_s", "enqueue, bulk", "jobs/s", ">= 30,000"),
-    ("drain_1_process_per_s", "drain, 1 runworker process", "jobs/s", ">= 3,000"),
-    ("drain_2_process_per_s", "drain, 2 runworker processes", "jobs/s", ""),
-    ("pickup_p50_ms", "pickup latency p50", "ms", "<= 3"),
-    ("pickup_p95_ms", "pickup latency p95", "ms", ""),
-    ("pickup_p99_ms", "pickup latency p99", "ms", "<= 20"),
-    ("claim_empty_ms", "claim, empty table", "ms", ""),
-    ("claim_big_ms", "claim, 1M finished + 100k foreign ready", "ms", "<= 2x empty"),
-]
-# Peer figures: (peer key, label); the axa figure is the key without "_fast".
-PEER_ROWS = [
-    ("enqueue_single_per_s", "enqueue, one at a time"),
-    ("enqueue_bulk_per_s", "enqueue, bulk"),
-    ("drain_1_process_per_s", "drain, 1 worker process"),
-    ("drain_2_process_per_s", "drain, 2 worker processes"),
-    ("pickup_p50_ms", "pickup latency p50"),
-    ("pickup_p95_ms", "pickup latency p95"),
-    ("pickup_p99_ms", "pickup latency p99"),
-    ("pickup_p50_ms_fast", "pickup latency p50, peer --interval {fast}"),
-    ("pickup_p95_ms_fast", "pickup latency p95, peer --interval {fast}"),
-    ("pickup_p99_ms_fast", "pickup latency p99, peer --interval {fast}"),
-]
-
-
-def report(results: dict[str, Any]) -> None:
-    print(f"machine: {results['machine']}; PostgreSQL {results['postgresql']}")
-    print(f"{'metric':<42} {'value':>12}  {'unit':<7} target")
-    for key, label, unit, target in ROWS:
-        if key in results:
-            print(f"{label:<42} {results[key]:>12,.2f}  {unit:<7} {target}")
-    if "claim_big_ms" in results and results.get("claim_empty_ms"):
-        print(f"{'claim ratio big/empty':<42} {results['claim_big_ms'] / results['claim_empty_ms']:>12.2f}")
-    if "peer" in results:
-        report_peer(results)
-
-
-def report_peer(results: dict[str, Any]) -> None:
-    peer = results["peer"]
-    configs = [config for config in PEER_CONFIGS if config in peer]
-    if not configs:
-        return
-    first = peer[configs[0]]
-    fast = first.get("fast_interval_s")
-    print(f"\naxa-django vs {first['package']}, same server, same run")
-    print(f"  axa:  runworker --concurrency {results['concurrency']} (--burst for the drain), NOTIFY wake-up, poll 1 s")
+def print_header(results: dict[str, Any]) -> None:
+    s = results["server"]
+    print(f"machine: {results['machine']}; load average now {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(
-        f"  peer: db_worker, one task at a time per process (--batch for the drain), "
-        f"polls every --interval {first['interval_s']:g} s" + (f" (and {fast:g} s)" if fast else "")
+        f"server: PostgreSQL {s['version']}, {s['connection']}, fsync={s['fsync']}, "
+        f"synchronous_commit={s['synchronous_commit']}; server CPU "
+        + (f"from /proc (postmaster pid {s['pg_pid']})" if s["pg_pid"] else "not measured (not a local server)")
     )
-    print("  ratio = axa/peer for rates and peer/axa for latencies (*): bigger is better for axa in every row")
-    headers = {"default": "peer CONN_MAX_AGE=0", "persistent": "peer CONN_MAX_AGE=None"}
-    line = f"{'metric':<46} {'unit':<7} {'axa':>10}"
-    for config in configs:
-        line += f" | {headers[config]:>22} {'ratio':>8}"
-    print(line)
-    for key, label in PEER_ROWS:
-        axa_key = key.removesuffix("_fast")
-        if key.endswith("_fast") and not fast:
-            continue
-        if axa_key not in results:
-            continue
-        unit = "ms" if key.startswith("pickup") else "jobs/s"
-        star = "*" if key.startswith("pickup") else ""
-        line = f"{label.format(fast=f'{fast:g}' if fast else ''):<46} {unit:<7} {results[axa_key]:>10,.1f}"
-        for config in configs:
-            value = peer[config].get(key)
-            ratio = peer[config]["ratios"].get(key)
-            if value is None:
-                note = "n/a (no bulk API)" if key == "enqueue_bulk_per_s" else "-"
-                line += f" | {note:>22} {'':>8}"
-            else:
-                line += f" | {value:>22,.1f} {f'{ratio:,.1f}x{star}':>8}"
-        print(line)
+    for tool, version in results["versions"].items():
+        print(f"  {tool:<16} {version}")
+    print(f"command: {results['command']}", flush=True)
 
 
 if __name__ == "__main__":

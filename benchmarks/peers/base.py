@@ -1,0 +1,62 @@
+"""What benchmarks/driver.py needs from each tool: enqueue calls and its worker command."""
+
+from __future__ import annotations
+
+import os
+import time
+
+CHUNK = 10_000  # jobs per bulk call, for every tool
+
+
+class Tool:
+    """One queue under test; the database is the one DATABASE_URL names."""
+
+    has_bulk = True
+
+    def __init__(self) -> None:
+        self.url = os.environ["DATABASE_URL"]
+
+    def version(self) -> str:
+        raise NotImplementedError
+
+    def setup(self) -> None:
+        """Install the tool's schema in the (fresh) database."""
+        raise NotImplementedError
+
+    def enqueue(self, i: int) -> None:
+        raise NotImplementedError
+
+    def enqueue_many(self, ids: list[int]) -> None:
+        raise NotImplementedError
+
+    def worker_command(self) -> list[str]:
+        """The tool's worker at its defaults, as a user would start it."""
+        raise NotImplementedError
+
+    def enqueue_single(self, ids: list[int]) -> None:
+        for i in ids:
+            self.enqueue(i)
+
+    def enqueue_bulk(self, ids: list[int]) -> None:
+        for offset in range(0, len(ids), CHUNK):
+            self.enqueue_many(ids[offset : offset + CHUNK])
+
+    def fill(self, ids: list[int]) -> None:
+        """Write ready jobs, untimed (setup for the drain)."""
+        self.enqueue_bulk(ids)
+
+    def enqueue_paced(self, ids: list[int], gap: float) -> dict[int, float]:
+        """Enqueue one job every ``gap`` s; return each id's time.time() just before its enqueue call."""
+        sent: dict[int, float] = {}
+        next_at = time.monotonic()
+        for i in ids:
+            sent[i] = time.time()
+            self.enqueue(i)
+            next_at += gap
+            pause = next_at - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+        return sent
+
+    def close(self) -> None:
+        pass
