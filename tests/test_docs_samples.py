@@ -445,7 +445,8 @@ def test_scheduling_page():
         runs = page.run("from axa_django.cron import next_runs")["next_runs"](page.namespace["refresh_rates"], 3)
         assert len(runs) == 3 and all(run.tzinfo is not None and run.minute % 15 == 0 for run in runs)
         old = Job.objects.create(name="CountWorker", args={"fail": False}, status="failed")
-        Job.objects.filter(pk=old.pk).update(created_at=timezone.now() - datetime.timedelta(days=40))
+        forty_days_ago = timezone.now() - datetime.timedelta(days=40)
+        Job.objects.filter(pk=old.pk).update(created_at=forty_days_ago, updated_at=forty_days_ago)
         for argv in check_shell(
             page.block(
                 "python manage.py prunejobs --older-than 7d                     # completed, failed and cancelled"
