@@ -22,8 +22,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "testing.md"
 MODULES = ("shop/jobs.py", "shop/services.py")
-# An opening fence with its language (maybe none), the code, the closing fence.
-_FENCE = re.compile(r"^```([\w-]*)[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
+# An opening fence (indented inside a list item, maybe) with its language, the code, the closing fence.
+_FENCE = re.compile(r"^([ \t]*)```([\w-]*)[ \t]*\n(.*?)^\1```[ \t]*$", re.S | re.M)
 
 
 @dataclass(frozen=True)
@@ -60,15 +60,18 @@ def page_blocks(page: str) -> list[Block]:
     found: list[Block] = []
     seen: dict[str, int] = {}
     for match in _FENCE.finditer(text):
-        code = match.group(2)
+        indent = match.group(1)
+        code = "".join(line.removeprefix(indent) for line in match.group(3).splitlines(keepends=True))
         first = code.split("\n", 1)[0].strip()
         seen[first] = seen.get(first, 0) + 1
         key = first if seen[first] == 1 else f"{first} #{seen[first]}"
-        line = text.count("\n", 0, match.start(2)) + 1
-        found.append(Block(page, line, match.group(1), code, key))
+        line = text.count("\n", 0, match.start(3)) + 1
+        found.append(Block(page, line, match.group(2), code, key))
     fences = len(re.findall(r"^[ \t]*(?:```|~~~)", text, re.M))
     if fences != 2 * len(found):
-        raise AssertionError(f"{page}: {fences} fence lines for {len(found)} blocks; a fence is indented or left open")
+        raise AssertionError(
+            f"{page}: {fences} fence lines for {len(found)} blocks; a fence is left open or its closing fence is indented differently"
+        )
     return found
 
 

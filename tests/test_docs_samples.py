@@ -73,6 +73,9 @@ SHAPE_ONLY: dict[tuple[str, str], str] = {
     ): ("a systemd unit"),
     ("docs/deployment.md", "# compose.yaml"): "a compose file",
     ("docs/deployment.md", "spec:"): "a Kubernetes pod spec",
+    ("docs/upgrading.md", 'pip install --upgrade "axa-django[binary] @ git+https://github.com/OWNER/axa-django.git"'): (
+        "pip install from the network"
+    ),
     ("docs/workers.md", "python manage.py runworker [--concurrency 4] [--poll-interval 1] [--burst] [--max-jobs N]"): (
         "a synopsis; the forms it shows run from README.md, jobs.md and tasks.md"
     ),
@@ -86,7 +89,15 @@ ELSEWHERE: dict[tuple[str, str], str] = {
     ("docs/deployment.md", "LOGGING = {"): "the LOGGING of tests/docs_settings.py, the README test's worker",
 }
 # Pages with a test below; any other page's blocks must all be in SHAPE_ONLY or ELSEWHERE.
-PAGE_TESTS = {"README.md", "docs/install.md", "docs/jobs.md", "docs/scheduling.md", "docs/tasks.md", "docs/admin.md"}
+PAGE_TESTS = {
+    "README.md",
+    "docs/install.md",
+    "docs/jobs.md",
+    "docs/scheduling.md",
+    "docs/tasks.md",
+    "docs/admin.md",
+    "docs/upgrading.md",
+}
 
 
 def skipped(page: str) -> frozenset[str]:
@@ -522,3 +533,15 @@ def test_admin_page_trigram_migration():
                 # CONCURRENTLY cannot run in the test's transaction; the index it builds is the same.
                 cursor.execute(operation.sql.replace(" CONCURRENTLY", ""))
                 cursor.execute(operation.reverse_sql.replace(" CONCURRENTLY", ""))
+
+
+# -- docs/upgrading.md -----------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_upgrading_page():
+    with open_page("docs/upgrading.md") as page:
+        out = io.StringIO()
+        for argv in check_shell(page.block("python manage.py migrate --plan    # what will run").code):
+            call_command(*argv[1:], stdout=out, verbosity=1)
+        assert out.getvalue().splitlines()[:2] == ["Planned operations:", "  No planned migration operations."]
