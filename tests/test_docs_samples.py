@@ -33,7 +33,7 @@ from django.db.migrations.loader import MigrationLoader
 from django.test import override_settings
 from django.utils import timezone
 
-from axa_django import Job, background_job
+from axa_django import Job, background_job, signals
 from axa_django.testing import run_jobs
 from tests import docs_examples
 from tests.conftest import Workers
@@ -185,6 +185,7 @@ def check_shell(code: str) -> list[list[str]]:
 
 def runworker_argv(argv: list[str]) -> list[str]:
     """A runworker line's options, parsed as the command reads them."""
+    assert argv[:2] == ["manage.py", "runworker"], argv
     options = _parser("runworker").parse_args(argv[2:])
     return [*argv[2:], *([] if options.burst else ["--burst"])]
 
@@ -423,14 +424,10 @@ def test_jobs_page(workers, capsys):
             ns["add"].perform_later(1, 1)
             run_jobs()
         finally:
-            for signal_name, receiver_name in [
-                ("job_enqueued", "on_enqueued"),
-                ("job_started", "on_started"),
-                ("job_finished", "on_finished"),
-            ]:
-                getattr(__import__("axa_django.signals", fromlist=[signal_name]), signal_name).disconnect(
-                    ns[receiver_name]
-                )
+            # The page's receivers are global: they must not outlive its test.
+            signals.job_enqueued.disconnect(ns["on_enqueued"])
+            signals.job_started.disconnect(ns["on_started"])
+            signals.job_finished.disconnect(ns["on_finished"])
         assert [(name, tags) for name, _, tags in context["metrics"].seen] == [
             ("job.duration", {"job": ns["add"].name, "status": "completed"})
         ]
