@@ -1,0 +1,544 @@
+"""Every fenced code block of README.md and docs/*.md is run here, or checked by its shape with a reason.
+
+A page's test opens `docs_examples.Page`, which fails unless the test ran every block of
+the page not listed in SHAPE_ONLY or ELSEWHERE; ``test_every_block_is_accounted_for``
+fails for a block of a page that has no test. So a block added later must be covered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import configparser
+import datetime
+import importlib.util
+import io
+import json
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+import types
+from pathlib import Path
+from typing import Any
+
+import django
+import pytest
+from asgiref.sync import async_to_sync
+from django.contrib.auth.models import User
+from django.core import checks
+from django.core.management import call_command, get_commands, load_command_class
+from django.db import connection
+from django.db.migrations.loader import MigrationLoader
+from django.test import override_settings
+from django.utils import timezone
+
+from axa_django import Job, background_job, signals
+from axa_django.testing import run_jobs
+from tests import docs_examples
+from tests.conftest import Workers
+
+ROOT = docs_examples.ROOT
+
+# Blocks that cannot run here, each with why; `test_shape_only_blocks` checks what it can.
+SHAPE_ONLY: dict[tuple[str, str], str] = {
+    ("README.md", "# 1. install and run the example site + worker (Ctrl-C to stop)"): (
+        "creates a venv, installs, serves the demo until Ctrl-C, runs the whole suite; tests/test_example.py runs demo"
+    ),
+    ("README.md", "# not on PyPI yet: install from the repository (a checkout or a wheel: docs/install.md)"): (
+        "pip install from the network"
+    ),
+    ("docs/install.md", 'pip install "axa-django[binary] @ git+https://github.com/OWNER/axa-django.git"'): (
+        "pip install from the network"
+    ),
+    ("docs/install.md", "git clone https://github.com/OWNER/axa-django.git"): "git clone and pip install",
+    (
+        "docs/install.md",
+        "pip install build && python -m build        # writes dist/axa_django-0.1.0-py3-none-any.whl and the sdist",
+    ): ("builds and installs a wheel; tests/test_packaging.py builds it"),
+    ("docs/install.md", 'python3 -m venv .venv && .venv/bin/pip install -e ".[dev]" && .venv/bin/python -m pytest'): (
+        "installs and runs the whole suite"
+    ),
+    ("docs/example.md", "python -m venv .venv && .venv/bin/pip install -e '.[dev]'"): (
+        "installs and serves the demo until Ctrl-C; tests/test_example.py runs demo and demo --burst"
+    ),
+    ("docs/example.md", "$ python manage.py demo"): "a transcript of demo; tests/test_example.py checks its lines",
+    (
+        "docs/example.md",
+        "$ python manage.py demo --burst",
+    ): "a transcript of demo --burst; tests/test_example.py checks it",
+    (
+        "docs/deployment.md",
+        "# /etc/systemd/system/shop-worker@.service  (systemctl enable --now shop-worker@1 shop-worker@2)",
+    ): ("a systemd unit"),
+    ("docs/deployment.md", "# compose.yaml"): "a compose file",
+    ("docs/deployment.md", "spec:"): "a Kubernetes pod spec",
+    ("docs/upgrading.md", 'pip install --upgrade "axa-django[binary] @ git+https://github.com/OWNER/axa-django.git"'): (
+        "pip install from the network"
+    ),
+    ("docs/workers.md", "python manage.py runworker [--concurrency 4] [--poll-interval 1] [--burst] [--max-jobs N]"): (
+        "a synopsis; the forms it shows run from README.md, jobs.md and tasks.md"
+    ),
+}
+# Blocks run by other tests, and which.
+ELSEWHERE: dict[tuple[str, str], str] = {
+    ("docs/testing.md", "# shop/jobs.py"): "tests/test_testing_helpers*.py (docs_examples.run_block)",
+    ("docs/testing.md", "# shop/services.py"): "tests/test_testing_helpers*.py (docs_examples.run_block)",
+    ("docs/testing.md", "# shop/test_jobs.py"): "tests/test_testing_helpers.py collects its tests",
+    ("docs/testing.md", "# shop/tests.py"): "tests/test_testing_helpers_testcase.py collects its tests",
+    ("docs/deployment.md", "LOGGING = {"): "the LOGGING of tests/docs_settings.py, the README test's worker",
+}
+# Pages with a test below; any other page's blocks must all be in SHAPE_ONLY or ELSEWHERE.
+PAGE_TESTS = {
+    "README.md",
+    "docs/install.md",
+    "docs/jobs.md",
+    "docs/scheduling.md",
+    "docs/tasks.md",
+    "docs/admin.md",
+    "docs/upgrading.md",
+}
+
+
+def skipped(page: str) -> frozenset[str]:
+    return frozenset(key for (p, key) in {**SHAPE_ONLY, **ELSEWHERE} if p == page)
+
+
+def open_page(page: str, **options: Any) -> docs_examples.Page:
+    return docs_examples.Page(page, skip=skipped(page), **options)
+
+
+def test_every_block_is_accounted_for():
+    blocks = {(block.page, block.key): block for block in docs_examples.all_blocks()}
+    listed = {**SHAPE_ONLY, **ELSEWHERE}
+    assert not set(listed) - set(blocks), "listed here but gone from the docs"
+    assert not set(SHAPE_ONLY) & set(ELSEWHERE)
+    uncovered = [key for key in blocks if key[0] not in PAGE_TESTS and key not in listed]
+    assert not uncovered, "blocks of a page without a test: run them, or list them in SHAPE_ONLY with a reason"
+    assert {"README.md", "docs/deployment.md", "docs/testing.md", "docs/admin.md"} <= {page for page, _ in blocks}
+
+
+# -- shape: commands, pip extras, systemd, compose, Kubernetes -------------------------------
+
+
+def _extras() -> set[str]:
+    return set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+
+
+def _commands() -> set[str]:
+    # demo belongs to the example project's app, which the test settings do not install.
+    demo = {path.stem for path in ROOT.glob("example_project/*/management/commands/*.py")}
+    return set(get_commands()) | demo
+
+
+def _parser(command: str) -> Any:
+    return load_command_class(get_commands()[command], command).create_parser("manage.py", command)
+
+
+def _synopsis_argv(words: list[str]) -> list[str]:
+    """``[--queue NAME ...]`` as arguments a parser can read: placeholders get sample values."""
+    samples = {"NAME": "default", "N": "2", "SECONDS": "5"}
+    return [samples.get(word, word) for word in (w.strip("[]") for w in words) if word and word != "..."]
+
+
+def check_command(line: str) -> list[str]:
+    """Check one shell command line; return its argv when it is ``python manage.py ...``."""
+    words = shlex.split(line, comments=True)
+    if not words:
+        return []
+    program = Path(words[0]).name
+    if program in ("python", "python3") and words[1:2] == ["manage.py"]:
+        command = words[2]
+        assert command in _commands(), f"no management command {command!r}: {line}"
+        argv = _synopsis_argv(words[3:])
+        if command in get_commands():
+            _parser(command).parse_args(argv)  # exits 2 on an unknown option
+        return ["manage.py", command, *argv]
+    if program in ("python", "python3") and words[1] == "-m":
+        assert importlib.util.find_spec(words[2]) is not None, f"no module {words[2]}: {line}"
+        if words[2] == "venv":
+            return []
+    elif program == "pip" and words[1] == "install":
+        for requirement in words[2:]:
+            for extras in re.findall(r"\[([\w,]+)\]", requirement):
+                assert set(extras.split(",")) <= _extras(), f"unknown extra in {requirement}"
+            wheel = re.search(r"axa_django-([\d.]+)-py3-none-any\.whl", requirement)
+            if wheel:
+                assert wheel.group(1) == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    elif program == "git":
+        assert words[1] == "clone"
+    else:
+        raise AssertionError(f"a command this test does not know: {line}")
+    return []
+
+
+def check_shell(code: str) -> list[list[str]]:
+    """Check each command of a shell block (``$ `` prompts, ``&&``, continued synopses); return manage.py argvs."""
+    commands: list[str] = []
+    for line in code.splitlines():
+        if line.startswith(" ") and commands:
+            commands[-1] += " " + line.strip()  # a synopsis carried on to the next line
+        elif line.startswith("$ ") or not line.startswith(("demo:", "…", "^C", "NAME ", "shop.")):
+            commands.extend(part for part in line.removeprefix("$ ").split("&&"))
+    return [argv for command in commands if (argv := check_command(command))]
+
+
+def runworker_argv(argv: list[str]) -> list[str]:
+    """A runworker line's options, parsed as the command reads them."""
+    assert argv[:2] == ["manage.py", "runworker"], argv
+    options = _parser("runworker").parse_args(argv[2:])
+    return [*argv[2:], *([] if options.burst else ["--burst"])]
+
+
+def _grace(command: list[str]) -> float:
+    return float(command[command.index("--grace-period") + 1])
+
+
+def parse_yaml(text: str) -> Any:
+    """The block-style YAML the docs use: mappings, ``- `` lists, flow lists, scalars, comments."""
+    rows = []
+    for raw in text.splitlines():
+        line = re.sub(r"(^|\s+)#.*$", "", raw).rstrip()
+        if line.strip():
+            rows.append((len(line) - len(line.lstrip()), line.strip()))
+
+    def scalar(value: str) -> Any:
+        if value.startswith("["):
+            return json.loads(value)
+        return int(value) if value.isdigit() else value
+
+    def node(index: int, indent: int) -> tuple[Any, int]:
+        if rows[index][1].startswith("- "):
+            items = []
+            while index < len(rows) and rows[index][0] == indent and rows[index][1].startswith("- "):
+                # "- name: x" opens a mapping whose keys sit two columns further in.
+                rows[index] = (indent + 2, rows[index][1][2:])
+                item, index = node(index, indent + 2)
+                items.append(item)
+            return items, index
+        mapping: dict[str, Any] = {}
+        while index < len(rows) and rows[index][0] == indent:
+            key, sep, value = rows[index][1].partition(":")
+            assert sep and key not in mapping, f"not a mapping entry: {rows[index][1]!r}"
+            if value.strip():
+                mapping[key], index = scalar(value.strip()), index + 1
+            else:
+                assert rows[index + 1][0] > indent or rows[index + 1][1].startswith("- ")
+                mapping[key], index = node(index + 1, rows[index + 1][0])
+        assert index == len(rows) or rows[index][0] < indent, f"bad indentation at {rows[index][1]!r}"
+        return mapping, index
+
+    document, end = node(0, 0)
+    assert end == len(rows)
+    return document
+
+
+@pytest.mark.parametrize("key", sorted(SHAPE_ONLY), ids=lambda key: f"{key[0]}:{key[1][:40]}")
+def test_shape_only_blocks(key):
+    page, first = key
+    block = next(b for b in docs_examples.page_blocks(page) if b.key == first)
+    if block.lang in ("sh", ""):
+        check_shell(block.code)
+        if block.lang == "":
+            summary = re.search(r"^demo: .* completed, .*$", block.code, re.M)
+            assert summary is None or re.search(r"demo: \d+ jobs, \d+ completed, \d+ failed in [\d.]+s", block.code)
+    elif block.lang == "ini":
+        unit = configparser.ConfigParser(interpolation=None, strict=True)
+        unit.optionxform = str  # systemd keys are case-sensitive
+        unit.read_string(block.code)
+        assert set(unit.sections()) == {"Unit", "Service", "Install"}
+        service = unit["Service"]
+        command = shlex.split(service["ExecStart"])
+        assert command[1:3] == ["manage.py", "runworker"]
+        runworker_argv(command[1:])
+        assert service["KillSignal"] == "SIGTERM" and service["Restart"] == "always"
+        assert float(service["TimeoutStopSec"]) > _grace(command)
+    elif block.lang == "yaml":
+        document = parse_yaml(block.code)
+        if first == "# compose.yaml":
+            worker = document["services"]["worker"]
+            command = shlex.split(worker["command"])
+            runworker_argv(command[1:])
+            assert float(worker["stop_grace_period"].removesuffix("s")) > _grace(command)
+            assert document["services"]["web"]["image"] == worker["image"]
+        else:
+            spec = document["spec"]
+            [container] = spec["containers"]
+            runworker_argv(container["command"][1:])
+            assert spec["terminationGracePeriodSeconds"] > _grace(container["command"])
+    else:
+        raise AssertionError(f"no shape check for {block.lang!r} blocks")
+
+
+# -- helpers for the pages that run ------------------------------------------------------
+
+
+def assert_axa_settings_valid(namespace: dict[str, Any]) -> None:
+    assert ... in namespace["INSTALLED_APPS"] and "axa_django" in namespace["INSTALLED_APPS"]
+    with override_settings(AXA_DJANGO=namespace["AXA_DJANGO"]):
+        problems = [m for m in checks.run_checks(include_deployment_checks=False) if m.id.startswith("axa_django")]
+    assert problems == []
+
+
+def start_runworkers(workers: Workers, block: docs_examples.Block) -> list[subprocess.Popen[str]]:
+    """Start each ``python manage.py runworker`` line of ``block`` with ``--burst``, in parallel."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "manage.py", "runworker", *runworker_argv(argv)],
+            cwd=ROOT,
+            env=workers.env(DJANGO_SETTINGS_MODULE="tests.docs_settings"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for argv in check_shell(block.code)
+    ]
+    workers.procs.extend(procs)  # killed at teardown if a test fails first
+    return procs
+
+
+def finish(procs: list[subprocess.Popen[str]]) -> list[str]:
+    outputs = []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+            raise AssertionError(f"{proc.args} did not exit:\n{out}") from None
+        assert proc.returncode == 0, out
+        outputs.append(out)
+    return outputs
+
+
+# -- README.md ---------------------------------------------------------------------------
+
+README_WORKER = "python manage.py runworker [--concurrency 4] [--queue NAME ...] [--burst] [--grace-period SECONDS]"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_readme_first_job_runs_in_a_worker(workers):
+    with open_page("README.md") as page:
+        assert_axa_settings_valid(page.settings("# settings.py"))
+        [argv] = check_shell(page.block("python manage.py migrate").code)
+        call_command(*argv[1:], verbosity=0)
+        shop_jobs = page.module("# shop/jobs.py")
+        assert shop_jobs.send_welcome.name == "shop.jobs.send_welcome"  # as its comment says
+        namespace = page.run("# views.py")
+        [job] = Job.objects.filter(name="shop.jobs.send_welcome")
+        assert job.args == {"user_id": namespace["user"].pk}
+        # The worker loads README's shop/jobs.py (tests/docsapp) and deployment.md's LOGGING.
+        [out] = finish(start_runworkers(workers, page.block(README_WORKER)))
+        job.refresh_from_db()
+        assert job.status == "completed"
+        assert len(re.findall(r"worker \S+ stopped after", out)) == 1, out  # logged once: the project's handler
+
+
+# -- docs/install.md -----------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_install_page(tmp_path):
+    with open_page("docs/install.md") as page:
+        assert_axa_settings_valid(page.settings("# settings.py"))
+        [argv] = check_shell(page.block("python manage.py migrate").code)
+        call_command(*argv[1:], verbosity=0)
+        # DATABASE_URL is set here (the suite's server), so database() starts nothing.
+        entry = page.settings("# settings.py #2", BASE_DIR=tmp_path)["DATABASES"]["default"]
+        assert not (tmp_path / ".pg").exists()
+        assert (entry["ENGINE"], entry["HOST"], entry["PORT"]) == (
+            "django.db.backends.postgresql",
+            connection.settings_dict["HOST"],
+            connection.settings_dict["PORT"],
+        )
+
+
+# -- docs/jobs.md ---------------------------------------------------------------------------
+
+
+class Metrics:
+    """The page's "your metrics client"."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, float, dict[str, str]]] = []
+
+    def histogram(self, name: str, value: float, tags: dict[str, str]) -> None:
+        self.seen.append((name, value, tags))
+
+
+@pytest.mark.django_db
+def test_jobs_page(workers, capsys):
+    written: list[str] = []
+
+    async def fetch_all(url: str) -> int:
+        await asyncio.sleep(0)
+        return len(url)
+
+    async def close_connections() -> None: ...
+
+    context = {
+        "background_job": background_job,  # the snippets continue a jobs.py
+        "order": types.SimpleNamespace(pk=7),
+        "chunks": lambda report_id: [f"{report_id}:{i}" for i in range(3)],
+        "write": written.append,
+        "fetch_all": fetch_all,
+        "close_connections": close_connections,
+        "metrics": Metrics(),
+    }
+    with open_page("docs/jobs.md") as page:
+        jobs = page.module("# shop/jobs.py")
+        assert jobs.send_welcome.name == "shop.jobs.send_welcome" and jobs.count.name == "CountWorker"
+        ns = page.run("# views.py", **context)
+        assert ns["job"].args == {"user_id": ns["user"].pk}
+        assert Job.objects.filter(name="shop.jobs.send_welcome").count() == 5
+        assert Job.objects.get(name="CountWorker").args == {"fail": False}
+        ns = page.run('@background_job(queue="emails", priority=10)')
+        procs = start_runworkers(
+            workers, page.block("python manage.py runworker --queue emails                 # only the emails queue")
+        )
+        ns = page.run("from datetime import timedelta")
+        receipts = Job.objects.filter(name=ns["send_receipt"].name).order_by("created_at", "id")
+        assert [(j.priority, j.queue, j.args) for j in receipts][:2] == [
+            (100, "emails", {"order_id": 7}),
+            (10, "bulk", {"order_id": 7}),
+        ]
+        assert all(j.run_at > timezone.now() for j in receipts[2:])
+        ns = page.run('@background_job(unique=lambda user_id: f"user:{user_id}")')
+        assert ns["a"].id == ns["b"].id and ns["jobs"].skipped == 1
+        assert f"already queued {ns['a'].id}" in capsys.readouterr().out
+        ns = page.run("from axa_django import Job")
+        ns["job"].refresh_from_db()
+        assert ns["job"].status == "cancelled"
+        ns = page.run("from axa_django import JobCancelled, JobContext, background_job")
+        ns["export"].perform_later(3)
+        ns = page.run("import asyncio")
+        ns["crawl"].perform_later("https://example.com")
+        ns = page.run("@background_job")
+        attempts = {a.name: a for a in run_jobs()}  # once a worker has run it:
+        assert attempts[ns["export"].name].result == {"done": True} and written == ["3:0", "3:1", "3:2"]
+        assert attempts[ns["crawl"].name].result == len("https://example.com")
+        ns = page.run("job.refresh_from_db()")
+        assert (ns["job"].status, ns["job"].result) == ("completed", 5)
+        ns = page.run("# shop/apps.py, in ready()")
+        try:
+            ns["add"].perform_later(1, 1)
+            run_jobs()
+        finally:
+            # The page's receivers are global: they must not outlive its test.
+            signals.job_enqueued.disconnect(ns["on_enqueued"])
+            signals.job_started.disconnect(ns["on_started"])
+            signals.job_finished.disconnect(ns["on_finished"])
+        assert [(name, tags) for name, _, tags in context["metrics"].seen] == [
+            ("job.duration", {"job": ns["add"].name, "status": "completed"})
+        ]
+        ns = page.run('@background_job(max_attempts=5)  # default: AXA_DJANGO["MAX_ATTEMPTS"] (1)')
+        assert ns["sync_crm"].max_attempts == 5 and ns["charge"].retry_delay(2) == 60
+        finish(procs)
+
+
+# -- docs/scheduling.md --------------------------------------------------------------------
+
+_ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00")
+
+
+@pytest.mark.django_db(transaction=True)  # prunejobs runs one transaction per batch
+def test_scheduling_page():
+    with open_page("docs/scheduling.md", snippet_module="shop.jobs") as page:
+        page.run('@background_job(cron="*/15 * * * *")  # every 15 minutes', background_job=background_job)
+        shown = page.block("$ python manage.py listjobs").code.splitlines()
+        check_shell(shown[0])
+        out = io.StringIO()
+        call_command("listjobs", stdout=out)
+        assert _ISO.sub("T", out.getvalue()).splitlines() == _ISO.sub("T", "\n".join(shown[1:])).splitlines()
+        runs = page.run("from axa_django.cron import next_runs")["next_runs"](page.namespace["refresh_rates"], 3)
+        assert len(runs) == 3 and all(run.tzinfo is not None and run.minute % 15 == 0 for run in runs)
+        old = Job.objects.create(name="CountWorker", args={"fail": False}, status="failed")
+        forty_days_ago = timezone.now() - datetime.timedelta(days=40)
+        Job.objects.filter(pk=old.pk).update(created_at=forty_days_ago, updated_at=forty_days_ago)
+        for argv in check_shell(
+            page.block(
+                "python manage.py prunejobs --older-than 7d                     # completed, failed and cancelled"
+            ).code
+        ):
+            call_command(*argv[1:], stdout=io.StringIO())
+        assert not Job.objects.filter(pk=old.pk).exists()
+
+
+# -- docs/tasks.md ---------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks exists from Django 6.0")
+@pytest.mark.django_db
+def test_tasks_page(workers, monkeypatch):
+    from django.tasks import TaskResultStatus, task_backends
+
+    from axa_django.backends import QueueBackend
+
+    async def fetch_profile(email: str) -> dict:
+        return {"email": email}
+
+    saved: list[tuple[User, dict]] = []
+    httpx = types.ModuleType("httpx")  # the page's HTTP client, not installed here
+    monkeypatch.setitem(sys.modules, "httpx", httpx)
+    with open_page("docs/tasks.md") as page:
+        tasks_settings = page.settings("# settings.py")
+        with override_settings(TASKS=tasks_settings["TASKS"]):
+            backend = task_backends["default"]
+            assert isinstance(backend, QueueBackend) and (backend.max_attempts, backend.backoff) == (3, 10.0)
+            assert [m for m in checks.run_checks() if m.id.startswith("axa_django")] == []
+        page.module("# myapp/tasks.py")
+        ns = page.run("from myapp.tasks import add")
+        assert ns["result"].status == TaskResultStatus.READY
+        procs = start_runworkers(
+            workers, page.block("python manage.py runworker             # runs background jobs and tasks")
+        )
+        run_jobs()
+        ns = page.run("result = add.get_result(result.id)  # from any process: the id is a str")
+        assert (ns["result"].status, ns["result"].return_value) == (TaskResultStatus.SUCCESSFUL, 5)
+        page.module("# myapp/jobs.py")
+        views = page.module("# myapp/views.py")
+        async_to_sync(views.view)(None)
+        assert Job.objects.filter(name="myapp.jobs.fetch").exists()
+        assert Job.objects.filter(name="myapp.jobs.ping").exists()
+        ns = page.run(
+            "from asgiref.sync import sync_to_async",
+            background_job=background_job,
+            fetch_profile=fetch_profile,
+            save_profile=lambda user, profile: saved.append((user, profile)),
+        )
+        user = User.objects.create(username="bea", email="bea@example.com")
+        ns["refresh"].perform_later(user.pk)
+        run_jobs(ns["refresh"].name)
+        assert saved == [(user, {"email": "bea@example.com"})]
+        finish(procs)
+
+
+# -- docs/admin.md ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_admin_page_trigram_migration():
+    with open_page("docs/admin.md") as page:
+        migration = page.module("# yourapp/migrations/0002_axa_trigram_search.py").Migration
+        assert migration.atomic is False
+        graph = MigrationLoader(connection).graph
+        [(app, name)] = [d for d in migration.dependencies if d[0] == "axa_django"]
+        assert (app, name) in graph.nodes, f"docs/admin.md's migration depends on {name}, which axa_django lacks"
+        with connection.cursor() as cursor:
+            cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")  # TrigramExtension(); rolled back with the test
+            for operation in migration.operations[1:]:
+                # CONCURRENTLY cannot run in the test's transaction; the index it builds is the same.
+                cursor.execute(operation.sql.replace(" CONCURRENTLY", ""))
+                cursor.execute(operation.reverse_sql.replace(" CONCURRENTLY", ""))
+
+
+# -- docs/upgrading.md -----------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_upgrading_page():
+    with open_page("docs/upgrading.md") as page:
+        out = io.StringIO()
+        for argv in check_shell(page.block("python manage.py migrate --plan    # what will run").code):
+            call_command(*argv[1:], stdout=out, verbosity=1)
+        assert out.getvalue().splitlines()[:2] == ["Planned operations:", "  No planned migration operations."]
