@@ -247,6 +247,7 @@ class Worker:
         names = self.handler_names()
         self._conn = self._first_connection()
         if self._conn is None:
+            logger.info("worker %s stopped after 0 attempts: it never reached the database", self.id)
             return 1 if self._aborting.is_set() else 0
         settings = connections[self.using].settings_dict
         logger.info(
@@ -347,10 +348,12 @@ class Worker:
         where = f"database {settings.get('NAME')!r} on {settings.get('HOST') or 'local socket'}"
         if settings.get("PORT"):
             where += f":{settings['PORT']}"
-        while not self._stopping.is_set():
+        while True:  # at least one try, so that a worker stopped at once still starts and stops cleanly
             try:
                 return connect(self.using, "dispatcher")
             except psycopg.OperationalError as error:
+                if self._stopping.is_set():
+                    break
                 if dberrors.refused(error):
                     raise CannotConnect(
                         f"cannot connect to {where} as {settings.get('USER') or 'the default user'!r} "

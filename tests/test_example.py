@@ -215,7 +215,10 @@ def test_demo_reports_a_busy_port(workers):
         result = manage("demo", "--jobs", "0", "--port", str(port), env=example_env(workers))
     assert result.returncode == 1
     assert f"the development server stopped by itself (is port {port} in use? try --port)" in result.stderr
-    assert re.search(r"worker \S+ stopped after", result.stdout + result.stderr)
+    output = result.stdout + result.stderr
+    # The worker may get the SIGTERM while Django is still loading (a busy machine): then it
+    # never started. If it started, it stopped cleanly.
+    assert re.search(r"worker \S+ stopped after", output) or "starting:" not in output, output
 
 
 @pytest.fixture
