@@ -113,6 +113,7 @@ def task_backend_aliases() -> list[str]:
     """settings.TASKS aliases whose backend is axa_django's QueueBackend (none before Django 6.0)."""
     if django.VERSION < (6, 0):
         return []
+    # Lazy: backends imports django.tasks, which exists only on Django >= 6.
     from .backends import queue_backend_aliases
 
     return queue_backend_aliases()
@@ -629,7 +630,7 @@ class Worker:
         function = registry.get(job.name) if runner is None else None
         responses = job_started.send_robust(sender=function, job_id=job.id, name=job.name, attempt=job.attempt)
         log_receiver_errors("job_started", responses)
-        outcome = perform(job, self.id, resolve)
+        outcome = perform(job, self.id, resolve or (lambda _job: function))
         aliases = release_connections()
         if aliases:
             outcome = leaked(job, runner or function, outcome, aliases, self.id)
@@ -754,7 +755,7 @@ class Worker:
                         self._probe_seen.set()
                         continue
                     if note.channel == housekeeping.CANCEL_CHANNEL:
-                        housekeeping.relay_cancel(self, note.payload)
+                        housekeeping.relay_cancel(self._lock, self._in_flight, note.payload)
                     self._wake.set()
             except (psycopg.OperationalError, psycopg.InterfaceError) as error:
                 logger.warning("listener lost the database (%s); reconnecting in %.1fs", error, delay)
