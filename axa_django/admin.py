@@ -29,9 +29,8 @@ from .admin_display import (
     yes_no,
 )
 from .admin_lists import JobChangeList, NameFilter, QueueFilter, _registered_queues, refuse_nul, search_jobs
-from .models import Job
+from .models import FailedJob, Job, QueueDashboard
 from .pagination import EstimatedCountPaginator
-from .proxies import FailedJob, QueueDashboard
 
 __all__ = ["FailedJobAdmin", "JobAdmin", "QueueDashboardAdmin", "error_line", "format_duration", "status_badge"]
 

@@ -3,6 +3,8 @@
 from django.apps import AppConfig
 from django.utils.module_loading import autodiscover_modules
 
+from . import checks  # noqa: F401 - registers the system checks
+
 
 class AxaDjangoConfig(AppConfig):
     name = "axa_django"
@@ -10,6 +12,4 @@ class AxaDjangoConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401 - registers the system checks
-
         autodiscover_modules("jobs")

@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import sync_to_async
 from django.apps import apps
 from django.core import checks
 from django.tasks import Task, TaskResult, TaskResultStatus, task_backends
@@ -138,8 +139,6 @@ class QueueBackend(BaseTaskBackend):
 
     async def aget_result(self, result_id: str) -> TaskResult:
         """Async get_result."""
-        from asgiref.sync import sync_to_async
-
         return await sync_to_async(self.get_result, thread_sensitive=True)(result_id)
 
     def _row(self, result_id: Any) -> Job:

@@ -17,17 +17,14 @@ import datetime
 import zoneinfo
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.db import connections, transaction
 from django.utils import timezone as django_timezone
 
-from . import conf, registry, rows
-
-if TYPE_CHECKING:
-    from .models import Job
-    from .registry import JobFunction
+from . import conf, cronexpr, registry, rows
+from .models import Job
 
 # Occurrences at most this old when a worker looks are all enqueued; older ones are
 # dropped, except the latest when nothing newer is due.
@@ -47,59 +44,30 @@ ON CONFLICT (name) DO NOTHING
 """
 
 
-def _croniter() -> Any:
-    try:
-        from croniter import croniter
-    except ImportError:
-        raise ImportError("cron=... needs croniter: pip install 'axa-django[cron]'") from None
-    return croniter
-
-
-def check_schedule(job: JobFunction[Any, Any]) -> None:
-    """Raise if ``job.cron`` is not a valid cron expression or the job needs arguments."""
-    croniter = _croniter()
-    if not isinstance(job.cron, str) or not croniter.is_valid(job.cron):
-        raise ValueError(
-            f"job {job.name!r}: cron={job.cron!r} is not a valid cron expression "
-            "(5 fields 'minute hour day month weekday', or 6 with seconds as the last field: "
-            "'* * * * * */10' is every 10 seconds)"
-        )
-    required = [
-        p.name
-        for p in job.signature.parameters.values()
-        if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-    ]
-    if required:
-        raise TypeError(
-            f"job {job.name!r} has cron={job.cron!r} but needs argument(s) {', '.join(required)}; "
-            "a periodic job is called without arguments, so give them defaults"
-        )
-
-
 def timezone() -> zoneinfo.ZoneInfo:
     """The time zone cron expressions are read in: CRON_TIMEZONE, else TIME_ZONE, else UTC."""
     return zoneinfo.ZoneInfo(conf.get("CRON_TIMEZONE") or settings.TIME_ZONE or "UTC")
 
 
 def next_runs(
-    job: JobFunction[Any, Any], n: int = 1, after: datetime.datetime | None = None
+    job: registry.JobFunction[Any, Any], n: int = 1, after: datetime.datetime | None = None
 ) -> list[datetime.datetime]:
     """The next ``n`` scheduled times of ``job`` after ``after`` (default: now), in the cron time zone."""
     if job.cron is None:
         return []
     start = (after or datetime.datetime.now(datetime.UTC)).astimezone(timezone())
-    it = _croniter()(job.cron, start)
+    it = cronexpr.load()(job.cron, start)
     return [it.get_next(datetime.datetime) for _ in range(n)]
 
 
-def due(job: JobFunction[Any, Any], now: datetime.datetime) -> datetime.datetime:
+def due(job: registry.JobFunction[Any, Any], now: datetime.datetime) -> datetime.datetime:
     """The latest scheduled time of ``job`` at or before ``now``."""
     start = now.astimezone(timezone()) + datetime.timedelta(microseconds=1)  # get_prev is strict
-    return _croniter()(job.cron, start).get_prev(datetime.datetime)
+    return cronexpr.load()(job.cron, start).get_prev(datetime.datetime)
 
 
 def occurrences(
-    job: JobFunction[Any, Any], last_run: datetime.datetime, now: datetime.datetime
+    job: registry.JobFunction[Any, Any], last_run: datetime.datetime, now: datetime.datetime
 ) -> list[datetime.datetime]:
     """The occurrences of ``job`` to enqueue after ``last_run`` up to ``now``, oldest first.
 
@@ -110,14 +78,14 @@ def occurrences(
         return []
     # Start the walk at the window, not at last_run: a week of downtime of a
     # per-second job must not walk 600,000 occurrences to drop them.
-    it = _croniter()(job.cron, max(last_run, now - CATCH_UP).astimezone(timezone()))
+    it = cronexpr.load()(job.cron, max(last_run, now - CATCH_UP).astimezone(timezone()))
     found = []
     while (when := it.get_next(datetime.datetime)) <= now:
         found.append(when)
     return found or [latest]
 
 
-def seconds_until_next(jobs: Iterable[JobFunction[Any, Any]], now: datetime.datetime) -> float | None:
+def seconds_until_next(jobs: Iterable[registry.JobFunction[Any, Any]], now: datetime.datetime) -> float | None:
     """Seconds from ``now`` to the earliest next occurrence of ``jobs``; None without jobs."""
     upcoming = [next_runs(job, 1, after=now)[0] for job in jobs if job.cron is not None]
     return min(upcoming).timestamp() - now.timestamp() if upcoming else None
@@ -130,7 +98,7 @@ def unique_key(when: datetime.datetime) -> str:
 
 def scheduled_jobs(
     names: Iterable[str] | None = None, queues: Iterable[str] | None = None
-) -> list[JobFunction[Any, Any]]:
+) -> list[registry.JobFunction[Any, Any]]:
     """Registered periodic jobs, limited to ``names`` and ``queues`` when given."""
     wanted = set(names) if names is not None else None
     queue_set = set(queues) if queues else None

@@ -18,7 +18,7 @@ import psycopg
 from asgiref.sync import async_to_sync
 from django.db import connections
 
-from . import conf, registry, sql
+from . import conf, sql
 from .arguments import ArgumentsMismatch, encode, prepare_call
 from .attempts import RAISE_INLINE, Attempt, JobFailed, Recorder
 from .context import JobCancelled, JobContext, run_cancellable
@@ -57,9 +57,12 @@ class Outcome:
     delay: float = 0.0
 
 
-def perform(job: Claimed, worker_id: uuid.UUID | None, resolve: Callable[[Claimed], Any] | None = None) -> Outcome:
-    """Run one claimed job and return its outcome; never raises for the job's own errors."""
-    function = resolve(job) if resolve else registry.get(job.name)
+def perform(job: Claimed, worker_id: uuid.UUID | None, resolve: Callable[[Claimed], Any]) -> Outcome:
+    """Run one claimed job and return its outcome; never raises for the job's own errors.
+
+    ``resolve`` finds what runs the row (a JobFunction, or a look-alike), None if nothing here can.
+    """
+    function = resolve(job)
     try:
         if function is None:
             raise NoHandler(f"no handler for job {job.name!r} in this worker")
@@ -181,8 +184,8 @@ def finish(cursor: psycopg.Cursor[Any], outcomes: list[Outcome], worker_id: uuid
     return {row[0] for row in cursor.fetchall()}
 
 
-def run_inline(job: Any, function: registry.JobFunction[Any, Any]) -> None:
-    """Run a just-written row now, in this thread and transaction (immediate mode).
+def run_inline(job: Any, function: Any) -> None:
+    """Run a just-written row now with ``function`` (its JobFunction), in this thread and transaction (immediate mode).
 
     Inside ``axa_django.testing.raise_failures()`` a job that ends failed raises JobFailed.
     """

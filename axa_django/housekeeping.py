@@ -13,16 +13,14 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import threading
 import uuid
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol, TypeVar
 
 from django.db import DatabaseError, OperationalError, connections, transaction
 
 from . import conf, cron, pruning
-
-if TYPE_CHECKING:
-    from .worker import Worker
 
 logger = logging.getLogger("axa_django")
 
@@ -126,13 +124,16 @@ def run(worker: Housekeeper) -> float | None:
     return min((wait for wait in waits if wait is not None), default=None)
 
 
-def relay_cancel(worker: Worker, payload: str) -> None:
-    """Tell the running job named by a NOTIFY ``axa_cancel`` payload that it was cancelled."""
+def relay_cancel(lock: threading.Lock, in_flight: Mapping[uuid.UUID, Any], payload: str) -> None:
+    """Tell the running job named by a NOTIFY ``axa_cancel`` payload that it was cancelled.
+
+    ``in_flight`` maps a worker's running job ids to their claims; ``lock`` guards it.
+    """
     try:
         job_id = uuid.UUID(payload)
     except ValueError:
         return
-    with worker._lock:
-        job = worker._in_flight.get(job_id)
+    with lock:
+        job = in_flight.get(job_id)
         if job is not None and job.context is not None:
             job.context.cancel()

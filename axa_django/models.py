@@ -1,4 +1,4 @@
-"""The axa_queue table (wire-compatible with the Rust crate axa) and the workers table."""
+"""The axa_queue table (wire-compatible with the Rust crate axa), axa_worker, axa_schedule, admin proxies."""
 
 from __future__ import annotations
 
@@ -11,38 +11,7 @@ from psycopg.types.json import Jsonb
 
 from . import sql
 
-# Queue failed jobs again, in one statement. A unique key held by a queued or running
-# job, or wanted by two rows of the batch, would break axa_queue_unique (ON CONFLICT
-# does not apply to UPDATE): such rows stay failed and come back with the holder's id.
-# Rows out: (id, true, NULL) for each job retried, (id, false, holder) for each one skipped.
-RETRY = """
-WITH candidate AS (
-    SELECT q.id, q.name, q.unique_key, q.finished_at FROM axa_queue q
-    {candidates} AND q.status = 'failed'
-    FOR UPDATE
-), ranked AS (
-    SELECT c.id,
-        (SELECT l.id FROM axa_queue l
-         WHERE l.name = c.name AND l.unique_key = c.unique_key AND l.status IN ('queued', 'running')
-         LIMIT 1) AS live,
-        CASE WHEN c.unique_key IS NULL THEN c.id ELSE first_value(c.id) OVER (
-            PARTITION BY c.name, c.unique_key ORDER BY c.finished_at DESC NULLS LAST, c.id
-        ) END AS first
-    FROM candidate c
-), retried AS (
-    UPDATE axa_queue q
-    SET status = 'queued', run_at = now(), started_at = NULL, finished_at = NULL,
-        worker_id = NULL, attempts = 0, updated_at = now()
-    FROM ranked r
-    WHERE q.id = r.id AND r.live IS NULL AND r.first = r.id
-    RETURNING q.id
-)
-SELECT id, true, NULL::uuid FROM retried
-UNION ALL
-SELECT id, false, coalesce(live, first) FROM ranked WHERE live IS NOT NULL OR first <> id
-"""
-
-# One row of RETRY: the job's id, whether it was queued again, and else the job holding its key.
+# One row of sql.RETRY: the job's id, whether it was queued again, and else the job holding its key.
 Row = tuple[uuid.UUID, bool, uuid.UUID | None]
 
 
@@ -82,7 +51,7 @@ def _retry_one(using: str, job_id: uuid.UUID) -> list[Row]:
     """Retry one job; if its key is taken meanwhile, report the job holding it (None once that one is gone)."""
     holder = None
     for _ in range(3):
-        rows = _retry_rows(using, RETRY.format(candidates="WHERE q.id = %s"), [job_id])
+        rows = _retry_rows(using, sql.RETRY.format(candidates="WHERE q.id = %s"), [job_id])
         if rows is not None:
             return rows
         key = Job.objects.using(using).filter(pk=job_id).values("name", "unique_key").first()
@@ -113,7 +82,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         with it, the latest failure first) stays failed and is listed in ``skipped``.
         """
         subquery, params = self.filter(status=Job.Status.FAILED).order_by().values("id").query.sql_with_params()
-        statement = RETRY.format(candidates=f"WHERE q.id IN ({subquery})")
+        statement = sql.RETRY.format(candidates=f"WHERE q.id IN ({subquery})")
         # Only a concurrent enqueue or retry that took a key after this statement's
         # snapshot can conflict; run again, and it sees that job as the holder.
         for _ in range(3):
@@ -338,5 +307,26 @@ class Schedule(models.Model):
         return f"{self.name} (last run {self.last_run:%Y-%m-%d %H:%M:%S%z})"
 
 
-# The admin's proxy models must load with the app's models, or migrations would see them vanish.
-from . import proxies  # noqa: E402, F401
+# The admin's own index entries (Failed jobs, the Dashboard): proxies, so they load with the
+# app's models and migrations see them.
+class FailedJob(Job):
+    """Jobs whose last attempt failed and that have no attempts left."""
+
+    class Meta:
+        proxy = True
+        app_label = "axa_django"
+        verbose_name = "failed job"
+        verbose_name_plural = "failed jobs"
+        # Access is governed by Job's permissions (view_job, retry_job, ...), not new ones.
+        default_permissions = ()
+
+
+class QueueDashboard(Job):
+    """The queue dashboard's admin entry; it lists no rows of its own."""
+
+    class Meta:
+        proxy = True
+        app_label = "axa_django"
+        verbose_name = "dashboard"
+        verbose_name_plural = "dashboard"
+        default_permissions = ()

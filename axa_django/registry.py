@@ -8,8 +8,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
-from . import conf, rows
+from asgiref.sync import sync_to_async
+
+from . import conf, cronexpr, rows
 from .arguments import bind, check_kwargs
+from .execution import run_inline
 from .models import Job
 from .rows import BulkResult, Options
 
@@ -128,8 +131,6 @@ class JobFunction(Generic[P, R]):
         arguments = bind(self.signature, self.name, args, kwargs)
         job = rows.write(self.name, arguments, self._options_for(arguments), self)
         if conf.get("MODE") == "immediate" and job.status == Job.Status.QUEUED:
-            from .execution import run_inline
-
             run_inline(job, self)
         return job
 
@@ -147,8 +148,6 @@ class JobFunction(Generic[P, R]):
             items.append((self.name, arguments, self._options_for(arguments)))
         jobs = rows.write_many(items, self)
         if conf.get("MODE") == "immediate":
-            from .execution import run_inline
-
             for job in jobs:
                 run_inline(job, self)
         return jobs
@@ -161,8 +160,6 @@ class JobFunction(Generic[P, R]):
 
     async def aperform_later(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Async perform_later, for async views."""
-        from asgiref.sync import sync_to_async
-
         return await sync_to_async(self.perform_later)(*args, **kwargs)
 
 
@@ -191,9 +188,7 @@ def background_job(func: Callable[..., Any] | None = None, /, *, name: str | Non
             )
         job = JobFunction(func, name=name or f"{func.__module__}.{func.__qualname__}", **options)
         if job.cron is not None:
-            from .cron import check_schedule
-
-            check_schedule(job)
+            cronexpr.check(job.name, job.cron, job.signature)
         existing = registry.get(job.name)
         if existing is not None and _origin(existing.func) != _origin(func):
             raise ValueError(

@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime
 import re
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.db import connections
@@ -18,8 +18,9 @@ from .arguments import arguments_of, encode, task_arguments_of
 from .models import Job
 from .signals import job_enqueued
 
-if TYPE_CHECKING:
-    from .registry import JobFunction
+# The job_enqueued signal's sender: the JobFunction enqueueing, or None for enqueue by name.
+# Typed loosely so this module need not import registry, which sits above it.
+Sender = Callable[..., Any] | None
 
 MAX_NAME_LENGTH = 200
 # Control characters (Unicode category Cc), line separators and lone surrogates: a
@@ -159,7 +160,7 @@ def _build(row: Sequence[Any], using: str) -> Job:
     return Job.from_db(using, _FIELDS, values)
 
 
-def write(name: str, args: dict[str, Any], options: Options, sender: JobFunction[Any, Any] | None) -> Job:
+def write(name: str, args: dict[str, Any], options: Options, sender: Sender) -> Job:
     """Insert one job row (one statement) and return it as a Job."""
     using = conf.queue_database()
     params = _params(name, args, options)
@@ -200,9 +201,7 @@ _UNNEST = (
 )
 
 
-def write_many(
-    items: Iterable[tuple[str, dict[str, Any], Options]], sender: JobFunction[Any, Any] | None
-) -> BulkResult:
+def write_many(items: Iterable[tuple[str, dict[str, Any], Options]], sender: Sender) -> BulkResult:
     """Insert many rows in one statement; validate every item before writing any."""
     using = conf.queue_database()
     columns: list[list[Any]] = [[] for _ in range(11)]

