@@ -35,6 +35,7 @@ from django.utils import timezone
 
 from axa_django import Job, background_job, signals
 from axa_django.testing import run_jobs
+from benchmarks import run as benchmark
 from tests import docs_examples
 from tests.conftest import Workers
 
@@ -97,6 +98,7 @@ PAGE_TESTS = {
     "docs/tasks.md",
     "docs/admin.md",
     "docs/upgrading.md",
+    "docs/performance.md",
 }
 
 
@@ -144,6 +146,8 @@ def _synopsis_argv(words: list[str]) -> list[str]:
 def check_command(line: str) -> list[str]:
     """Check one shell command line; return its argv when it is ``python manage.py ...``."""
     words = shlex.split(line, comments=True)
+    while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+        words = words[1:]  # VAR=value before the command
     if not words:
         return []
     program = Path(words[0]).name
@@ -154,6 +158,14 @@ def check_command(line: str) -> list[str]:
         if command in get_commands():
             _parser(command).parse_args(argv)  # exits 2 on an unknown option
         return ["manage.py", command, *argv]
+    if program in ("python", "python3") and words[1:2] == ["benchmarks/run.py"]:
+        argv = words[2 : words.index("|")] if "|" in words else words[2:]
+        saved, sys.argv = sys.argv, ["run.py", *argv]
+        try:
+            benchmark.parse_args()  # exits 2 on an unknown option
+        finally:
+            sys.argv = saved
+        return []
     if program in ("python", "python3") and words[1] == "-m":
         assert importlib.util.find_spec(words[2]) is not None, f"no module {words[2]}: {line}"
         if words[2] == "venv":
@@ -176,7 +188,9 @@ def check_shell(code: str) -> list[list[str]]:
     """Check each command of a shell block (``$ `` prompts, ``&&``, continued synopses); return manage.py argvs."""
     commands: list[str] = []
     for line in code.splitlines():
-        if line.startswith(" ") and commands:
+        if commands and commands[-1].endswith("\\"):
+            commands[-1] = commands[-1][:-1].rstrip() + " " + line.strip()  # a line continued with a backslash
+        elif line.startswith(" ") and commands:
             commands[-1] += " " + line.strip()  # a synopsis carried on to the next line
         elif line.startswith("$ ") or not line.startswith(("demo:", "…", "^C", "NAME ", "shop.")):
             commands.extend(part for part in line.removeprefix("$ ").split("&&"))
@@ -266,6 +280,8 @@ def test_shape_only_blocks(key):
             [container] = spec["containers"]
             runworker_argv(container["command"][1:])
             assert spec["terminationGracePeriodSeconds"] > _grace(container["command"])
+    elif block.lang == "text" and page == "docs/performance.md":
+        assert re.match(r"server: PostgreSQL \d+", block.code), block.code
     else:
         raise AssertionError(f"no shape check for {block.lang!r} blocks")
 
@@ -542,3 +558,15 @@ def test_upgrading_page():
         for argv in check_shell(page.block("python manage.py migrate --plan    # what will run").code):
             call_command(*argv[1:], stdout=out, verbosity=1)
         assert out.getvalue().splitlines()[:2] == ["Planned operations:", "  No planned migration operations."]
+
+
+def test_performance_page():
+    # Benchmarks take minutes and install the peers: their command lines are parsed by
+    # run.py's own parser, and the sample header must look like the one run.py prints.
+    with open_page("docs/performance.md") as page:
+        for block in docs_examples.page_blocks("docs/performance.md"):
+            checked = page.block(block.key)
+            if checked.lang == "sh":
+                check_shell(checked.code)
+            else:
+                assert checked.lang == "text" and re.match(r"server: PostgreSQL \d+", checked.code), checked.code
