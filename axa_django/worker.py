@@ -137,6 +137,7 @@ class Worker(Connections, Loops):
         self._statements: dict[tuple[str, tuple[str, ...]], str] = {}
         # The first look waits a lease: workers started together have all registered by then.
         self._next_unhandled = time.monotonic() + self.lease
+        self._next_rescue = 0.0
 
     # -- control -----------------------------------------------------------------
 
@@ -314,7 +315,11 @@ class Worker(Connections, Loops):
     def _housekeep(self) -> float:
         """Rescue, then periodic jobs and pruning; return seconds until the next housekeeping."""
         interval = self._housekeeping_interval()
-        self._rescue()
+        # Periodic jobs may wake housekeeping every second; dead workers are looked for
+        # only every lease/3, as the lease needs.
+        if time.monotonic() >= self._next_rescue:
+            self._next_rescue = time.monotonic() + interval
+            self._rescue()
         if time.monotonic() >= self._next_unhandled:
             self._next_unhandled = time.monotonic() + unhandled.CHECK_SECONDS
             rows = self._execute(sql.UNHANDLED, unhandled.params(self.lease), bounded=True)
