@@ -165,10 +165,13 @@ from . import (  # noqa: E402, F401
     admin_jobs,
     adminpolish_jobs,
     boundary_jobs,
+    flow_jobs,
     hostile_jobs,
     housekeeping_jobs,
+    ops_jobs,
     pooler_jobs,
     setup12_jobs,
     testing12_jobs,
     workermistakes_jobs,
+    workflow_jobs,
 )

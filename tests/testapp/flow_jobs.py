@@ -1,0 +1,1 @@
+"""Jobs of the flow tests."""
