@@ -15,7 +15,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
-from . import dashboard, unhandled
+from . import admin_queues, dashboard, unhandled
 from .admin_actions import JobActions, breadcrumbs, cancellable, job_id
 from .admin_display import (
     error_line,
@@ -32,7 +32,15 @@ from .admin_lists import JobChangeList, NameFilter, QueueFilter, _registered_que
 from .models import FailedJob, Job, QueueDashboard
 from .pagination import EstimatedCountPaginator
 
-__all__ = ["FailedJobAdmin", "JobAdmin", "QueueDashboardAdmin", "error_line", "format_duration", "status_badge"]
+__all__ = [
+    "FailedJobAdmin",
+    "JobAdmin",
+    "QueueDashboardAdmin",
+    "admin_queues",
+    "error_line",
+    "format_duration",
+    "status_badge",
+]
 
 TIME_FIELDS = ("created_full", "run_at_full", "started_full", "finished_full", "updated_full", "duration_shown")
 

@@ -307,6 +307,26 @@ class Schedule(models.Model):
         return f"{self.name} (last run {self.last_run:%Y-%m-%d %H:%M:%S%z})"
 
 
+class QueuePause(models.Model):
+    """A paused queue: while its row exists, no worker of this app claims the queue's jobs."""
+
+    queue = models.TextField(primary_key=True)
+    reason = models.TextField(blank=True, db_default="")
+    paused_by = models.TextField(blank=True, db_default="")
+    paused_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "axa_queue_pause"
+        ordering = ["queue"]
+        verbose_name = "paused queue"
+        verbose_name_plural = "paused queues"
+        default_permissions = ("view",)
+        permissions = [("pause_queue", "Can pause and resume queues")]
+
+    def __str__(self) -> str:
+        return f"{self.queue} (paused)"
+
+
 # The admin's own index entries (Failed jobs, the Dashboard): proxies, so they load with the
 # app's models and migrations see them.
 class FailedJob(Job):

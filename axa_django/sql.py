@@ -58,9 +58,18 @@ _BACKEND_WALK = """
 # day so that a row with run_at = 'infinity' cannot make an infinite wait.
 NEXT_RUN = """
 SELECT extract(epoch FROM LEAST(min(run_at), now() + interval '1 day') - now())::float8 FROM axa_queue
-WHERE status = 'queued' AND run_at > now() {queue_filter}
+WHERE status = 'queued' AND run_at > now() {queue_filter} {paused}
   AND ((backend IS NULL AND name = ANY({names}::text[])) OR backend = ANY({backends}::text[]))
 """
+
+# Paused queues (axa_queue_pause) are skipped in the claim itself, so a pause holds for
+# every worker at once. A --queue walk is cut off whole: its NOT EXISTS has no outer
+# reference, so PostgreSQL runs it once as a one-time filter and, while the queue is
+# paused, never enters the walk. A walk over all queues reads the paused set once
+# (an InitPlan) and filters on it; with nothing paused that is a test against an
+# empty array. (The seed's CLAIM, run by a Rust worker, knows nothing of pauses.)
+PAUSED_ONE = "AND queue = {slot} AND NOT EXISTS (SELECT FROM axa_queue_pause p WHERE p.queue = {slot})"
+PAUSED_ANY = "AND queue <> ALL(ARRAY(SELECT p.queue FROM axa_queue_pause p))"
 
 _SLOT = re.compile(r"\{(names|backends|queue_\d+|queues)\}")
 
@@ -75,13 +84,14 @@ def compose(template: str, names: list[str], backends: list[str], queues: list[s
     it alone while binding the statement's own parameters.
     """
     values: dict[str, Any] = {"names": names, "backends": backends, "queues": queues or []}
-    filters = [""]
+    filters = [PAUSED_ANY]
     if queues:
-        filters = [f"AND queue = {{queue_{index}}}" for index in range(len(queues))]
+        filters = [PAUSED_ONE.format(slot=f"{{queue_{index}}}") for index in range(len(queues))]
         values.update({f"queue_{index}": queue for index, queue in enumerate(queues)})
     walks = [walk.replace("{queue}", f) for walk in (_NAME_WALK, _BACKEND_WALK) for f in filters]
     text = template.replace("{walks}", "\n    UNION ALL".join(walks))
     text = text.replace("{queue_filter}", "AND queue = ANY({queues}::text[])" if queues else "")
+    text = text.replace("{paused}", PAUSED_ANY)
 
     def literal(match: re.Match[str]) -> str:
         return psycopg.sql.Literal(values[match.group(1)]).as_string(None).replace("%", "%%")
@@ -188,6 +198,12 @@ WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running' AND worker_id = %(worker)
 UNREGISTER = "DELETE FROM axa_worker WHERE id = %(worker)s"
 
 WAKE = "SELECT pg_notify('axa_queue', '')"
+
+# Resume a queue: the row goes, and idle workers wake at once (delivered at commit).
+RESUME = """
+WITH gone AS (DELETE FROM axa_queue_pause WHERE queue = %(queue)s RETURNING queue)
+SELECT count(*), pg_notify('axa_queue', '') FROM gone
+"""
 
 # Run before a housekeeping statement, in its transaction: none may hold the
 # dispatcher (or the heartbeat) for long.

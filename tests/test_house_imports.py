@@ -38,6 +38,7 @@ ORDER = [
     "selection",
     "taskrunner",
     "listing",
+    "queues",
     "housekeeping",
     # The worker process: its connections and its threads, then the dispatcher.
     "workerdb",
@@ -49,11 +50,13 @@ ORDER = [
     "admin_display",
     "admin_lists",
     "admin_actions",
+    "admin_queues",
     "admin",
     "management",
     "management.commands",
     "management.commands.listjobs",
     "management.commands.prunejobs",
+    "management.commands.queues",
     "management.commands.runworker",
     "apps",
     "",  # axa_django/__init__.py

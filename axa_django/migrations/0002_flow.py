@@ -1,0 +1,28 @@
+"""Flow control: the axa_queue_pause table (paused queues)."""
+
+import django.db.models.functions.datetime
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+    dependencies = [("axa_django", "0001_initial")]
+
+    operations = [
+        migrations.CreateModel(
+            name="QueuePause",
+            fields=[
+                ("queue", models.TextField(primary_key=True, serialize=False)),
+                ("reason", models.TextField(blank=True, db_default="")),
+                ("paused_by", models.TextField(blank=True, db_default="")),
+                ("paused_at", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
+            ],
+            options={
+                "verbose_name": "paused queue",
+                "verbose_name_plural": "paused queues",
+                "db_table": "axa_queue_pause",
+                "ordering": ["queue"],
+                "default_permissions": ("view",),
+                "permissions": [("pause_queue", "Can pause and resume queues")],
+            },
+        ),
+    ]

@@ -1,0 +1,131 @@
+"""Queues as a whole: pause and resume them, and list them with their counts and limits.
+
+A pause is a row of ``axa_queue_pause``: every worker's claim skips the queue while
+it exists (jobs already running finish), whatever host the worker runs on. Resuming
+deletes the row and notifies ``axa_queue``, so idle workers claim at once.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+
+from django.db import connections, transaction
+
+from . import conf, registry, sql
+from .models import QueuePause
+from .selection import check_queue
+
+MAX_REASON = 1000
+
+__all__ = ["QueueInfo", "overview", "pause", "paused", "resume"]
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    """One queue as ``manage.py queues`` shows it."""
+
+    name: str
+    ready: int = 0
+    running: int = 0
+    paused: bool = False
+    reason: str = ""
+    paused_at: datetime.datetime | None = None
+    # Job names whose default queue this is, and what limits them (timeout, concurrency, rate).
+    limits: list[str] = field(default_factory=list)
+
+
+def _reason(reason: object) -> str:
+    if not isinstance(reason, str):
+        raise TypeError(f"reason must be a str, not {type(reason).__name__}")
+    if "\x00" in reason or any("\ud800" <= char <= "\udfff" for char in reason):
+        raise ValueError("reason cannot contain NUL characters or lone surrogates (PostgreSQL cannot store them)")
+    if len(reason) > MAX_REASON:
+        raise ValueError(f"reason is {len(reason)} characters long; keep it to {MAX_REASON}")
+    return reason
+
+
+def pause(queue: str, reason: str = "", *, by: str = "", using: str | None = None) -> bool:
+    """Pause ``queue`` for every worker; True if it was running, False if already paused (its reason is updated)."""
+    queue, reason, by = check_queue(queue), _reason(reason), _reason(by)
+    with connections[using or conf.get("DATABASE")].cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO axa_queue_pause (queue, reason, paused_by) VALUES (%s, %s, %s) "
+            "ON CONFLICT (queue) DO UPDATE SET reason = EXCLUDED.reason, paused_by = EXCLUDED.paused_by "
+            "RETURNING xmax = 0",
+            [queue, reason, by],
+        )
+        row = cursor.fetchone()
+    return bool(row and row[0])
+
+
+def resume(queue: str, *, using: str | None = None) -> bool:
+    """Resume ``queue`` and wake idle workers; True if it was paused."""
+    queue = check_queue(queue)
+    alias = using or conf.get("DATABASE")
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(sql.RESUME, {"queue": queue})
+        row = cursor.fetchone()
+    return bool(row and row[0])
+
+
+def paused(*, using: str | None = None) -> dict[str, QueuePause]:
+    """The paused queues, by name."""
+    return {p.queue: p for p in QueuePause.objects.using(using or conf.get("DATABASE"))}
+
+
+def _limits() -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for name, job in sorted(registry.registry.items()):
+        found.setdefault(job.options.queue, [])
+        described = describe_limits(job)
+        if described:
+            found[job.options.queue].append(f"{name}: {described}")
+    return found
+
+
+def describe_limits(job: object) -> str:
+    """A job's flow limits in words, e.g. ``timeout 30s``; empty if it has none."""
+    timeout = getattr(getattr(job, "options", None), "timeout", None)
+    return f"timeout {timeout:g}s" if timeout else ""
+
+
+def overview(*, using: str | None = None) -> list[QueueInfo]:
+    """Every queue that has ready or running jobs, is paused, or is a registered job's default, by name."""
+    alias = using or conf.get("DATABASE")
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT queue, count(*) FILTER (WHERE status = 'queued' AND run_at <= now()), "
+            "count(*) FILTER (WHERE status = 'running') FROM axa_queue "
+            "WHERE status IN ('queued', 'running') GROUP BY queue"
+        )
+        counts = {queue: (ready, running) for queue, ready, running in cursor.fetchall()}
+    pauses = paused(using=alias)
+    limits = _limits()
+    queues = []
+    for name in sorted(set(counts) | set(pauses) | set(limits)):
+        ready, running = counts.get(name, (0, 0))
+        pause_row = pauses.get(name)
+        queues.append(
+            QueueInfo(
+                name,
+                ready,
+                running,
+                pause_row is not None,
+                pause_row.reason if pause_row else "",
+                pause_row.paused_at if pause_row else None,
+                limits.get(name, []),
+            )
+        )
+    return queues
+
+
+def format_table(queues: list[QueueInfo]) -> str:
+    """``overview()`` as aligned text columns."""
+    lines = [["QUEUE", "READY", "RUNNING", "STATE", "LIMITS"]]
+    for q in queues:
+        reason = " ".join(q.reason.split())  # one line, whatever the reason holds
+        state = "paused" + (f" ({reason})" if reason else "") if q.paused else "active"
+        lines.append([q.name, str(q.ready), str(q.running), state, "; ".join(q.limits) or "-"])
+    widths = [max(len(row[i]) for row in lines) for i in range(len(lines[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in lines)
