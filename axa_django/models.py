@@ -316,7 +316,7 @@ class QueuePause(models.Model):
     paused_at = models.DateTimeField(db_default=Now())
 
     class Meta:
-        db_table = "axa_queue_pause"
+        db_table = "axa_paused_queue"
         ordering = ["queue"]
         verbose_name = "paused queue"
         verbose_name_plural = "paused queues"

@@ -1,6 +1,6 @@
 """Queues as a whole: pause and resume them, and list them with their counts and limits.
 
-A pause is a row of ``axa_queue_pause``: every worker's claim skips the queue while
+A pause is a row of ``axa_paused_queue``: every worker's claim skips the queue while
 it exists (jobs already running finish), whatever host the worker runs on. Resuming
 deletes the row and notifies ``axa_queue``, so idle workers claim at once.
 """
@@ -50,7 +50,7 @@ def pause(queue: str, reason: str = "", *, by: str = "", using: str | None = Non
     queue, reason, by = check_queue(queue), _reason(reason), _reason(by)
     with connections[using or conf.get("DATABASE")].cursor() as cursor:
         cursor.execute(
-            "INSERT INTO axa_queue_pause (queue, reason, paused_by) VALUES (%s, %s, %s) "
+            "INSERT INTO axa_paused_queue (queue, reason, paused_by) VALUES (%s, %s, %s) "
             "ON CONFLICT (queue) DO UPDATE SET reason = EXCLUDED.reason, paused_by = EXCLUDED.paused_by "
             "RETURNING xmax = 0",
             [queue, reason, by],

@@ -62,14 +62,17 @@ WHERE status = 'queued' AND run_at > now() {queue_filter} {paused}
   AND ((backend IS NULL AND name = ANY({names}::text[])) OR backend = ANY({backends}::text[]))
 """
 
-# Paused queues (axa_queue_pause) are skipped in the claim itself, so a pause holds for
+# Paused queues (axa_paused_queue) are skipped in the claim itself, so a pause holds for
 # every worker at once. A --queue walk is cut off whole: its NOT EXISTS has no outer
 # reference, so PostgreSQL runs it once as a one-time filter and, while the queue is
 # paused, never enters the walk. A walk over all queues reads the paused set once
 # (an InitPlan) and filters on it; with nothing paused that is a test against an
-# empty array. (The seed's CLAIM, run by a Rust worker, knows nothing of pauses.)
-PAUSED_ONE = "AND queue = {slot} AND NOT EXISTS (SELECT FROM axa_queue_pause p WHERE p.queue = {slot})"
-PAUSED_ANY = "AND queue <> ALL(ARRAY(SELECT p.queue FROM axa_queue_pause p))"
+# empty array. COALESCE keeps the planner's default estimate for that filter: bare,
+# `<> ALL` of an unknown array reads as so selective that the planner sorts the ready
+# index instead of walking the claim index (measured). (The seed's CLAIM, run by a
+# Rust worker, knows nothing of pauses.)
+PAUSED_ONE = "AND queue = {slot} AND NOT EXISTS (SELECT FROM axa_paused_queue p WHERE p.queue = {slot})"
+PAUSED_ANY = "AND COALESCE(queue <> ALL(ARRAY(SELECT p.queue FROM axa_paused_queue p)), true)"
 
 _SLOT = re.compile(r"\{(names|backends|queue_\d+|queues)\}")
 
@@ -201,7 +204,7 @@ WAKE = "SELECT pg_notify('axa_queue', '')"
 
 # Resume a queue: the row goes, and idle workers wake at once (delivered at commit).
 RESUME = """
-WITH gone AS (DELETE FROM axa_queue_pause WHERE queue = %(queue)s RETURNING queue)
+WITH gone AS (DELETE FROM axa_paused_queue WHERE queue = %(queue)s RETURNING queue)
 SELECT count(*), pg_notify('axa_queue', '') FROM gone
 """
 

@@ -1,4 +1,4 @@
-"""Flow control: the axa_queue_pause table (paused queues)."""
+"""Flow control: the axa_paused_queue table (paused queues)."""
 
 import django.db.models.functions.datetime
 from django.db import migrations, models
@@ -19,7 +19,7 @@ class Migration(migrations.Migration):
             options={
                 "verbose_name": "paused queue",
                 "verbose_name_plural": "paused queues",
-                "db_table": "axa_queue_pause",
+                "db_table": "axa_paused_queue",
                 "ordering": ["queue"],
                 "default_permissions": ("view",),
                 "permissions": [("pause_queue", "Can pause and resume queues")],
