@@ -2,9 +2,18 @@
 
 from typing import TYPE_CHECKING, Any
 
-from .context import JobCancelled, JobContext
+from .context import JobCancelled, JobContext, JobTimeout
 
-__all__ = ["DuplicateJob", "Job", "JobCancelled", "JobContext", "background_job", "enqueue", "enqueue_many"]
+__all__ = [
+    "DuplicateJob",
+    "Job",
+    "JobCancelled",
+    "JobContext",
+    "JobTimeout",
+    "background_job",
+    "enqueue",
+    "enqueue_many",
+]
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:

@@ -23,6 +23,7 @@ from .arguments import ArgumentsMismatch, encode, prepare_call
 from .attempts import RAISE_INLINE, Attempt, JobFailed, Recorder
 from .context import JobCancelled, JobContext, run_cancellable
 from .signals import job_finished, job_started
+from .timeouts import Watch, call
 
 logger = logging.getLogger("axa_django")
 
@@ -41,6 +42,8 @@ class Claimed:
     # The claim sends args as text: decoding happens in the job thread, where a row
     # that cannot be decoded fails on its own instead of breaking the claim.
     args_json: str | None = field(default=None, repr=False)
+    # The attempt's timeout, set by the worker when the job has one (timeouts.py).
+    watch: Watch | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -76,7 +79,7 @@ def perform(job: Claimed, worker_id: uuid.UUID | None, resolve: Callable[[Claime
         if function.takes_context:
             job.context = job.context or JobContext(job.id, job.name, job.attempt, worker_id)
             args.insert(0, job.context)
-        value = function.func(*args, **kwargs)
+        value = call(job.watch, function.func, args, kwargs)
         if asyncio.iscoroutine(value):
             # async_to_sync runs the loop on its own thread and sends the job's
             # sync_to_async calls back to this job thread (and its connection); under

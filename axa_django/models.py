@@ -188,6 +188,11 @@ class Job(models.Model):
     unique_key = models.TextField(null=True, blank=True)
     cancel_requested = models.BooleanField(db_default=False)
     backend = models.TextField(null=True, blank=True)
+    # Flow control: seconds an attempt may run (None: the job's own default, else no
+    # limit), and the keys that group rows under the job's concurrency and rate limits.
+    timeout = models.FloatField(null=True, blank=True)
+    concurrency_key = models.TextField(null=True, blank=True)
+    rate_key = models.TextField(null=True, blank=True)
 
     objects = JobQuerySet.as_manager()
 

@@ -68,6 +68,7 @@ class JobFunction(Generic[P, R]):
         cron: str | None = None,
         takes_context: bool = False,
         options: Options | None = None,
+        timeout: float | None = None,
     ) -> None:
         self.func = func
         self.name = rows.check_name(name)
@@ -86,7 +87,12 @@ class JobFunction(Generic[P, R]):
             ):
                 raise TypeError(f"job {name!r} takes_context=True but has no first positional parameter")
             self.signature = self.signature.replace(parameters=parameters[1:])
-        self.options = (options or Options(queue=queue, priority=priority, max_attempts=max_attempts)).checked()
+        try:
+            self.options = (
+                options or Options(queue=queue, priority=priority, max_attempts=max_attempts, timeout=timeout)
+            ).checked()
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"job {name!r}: {error}") from None
         self.__doc__ = func.__doc__
         self.__name__ = getattr(func, "__name__", name)
         self.__qualname__ = getattr(func, "__qualname__", name)
@@ -176,6 +182,7 @@ def background_job(
     unique: Callable[..., str | None] | None = None,
     cron: str | None = None,
     takes_context: bool = False,
+    timeout: float | None = None,
 ) -> Callable[[Callable[P, R]], JobFunction[P, R]]: ...
 def background_job(func: Callable[..., Any] | None = None, /, *, name: str | None = None, **options: Any) -> Any:
     """Register a function as a background job, named ``module.qualname`` unless ``name`` is given."""

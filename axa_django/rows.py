@@ -34,7 +34,9 @@ _FIELDS = [f.attname for f in Job._meta.concrete_fields]
 _RETURNING = ", ".join(Job._meta.get_field(f).column for f in _FIELDS)
 # Django loads jsonb as text and decodes it in JSONField.from_db_value.
 _CONVERTERS = [getattr(Job._meta.get_field(f), "from_db_value", None) for f in _FIELDS]
-_COLUMNS = "id, name, args, queue, priority, run_at, max_attempts, unique_key, backend"
+_COLUMNS = (
+    "id, name, args, queue, priority, run_at, max_attempts, unique_key, backend, timeout, concurrency_key, rate_key"
+)
 # run_at: the given time, else the enqueue time + delay, else the enqueue time, from the
 # database clock. The enqueue time is statement_timestamp(), the created_at default
 # (Django's Now()), so run_at - created_at is exactly the delay even inside a long
@@ -43,7 +45,10 @@ _RUN_AT = (
     "GREATEST(COALESCE({run_at}, statement_timestamp() + {delay}, statement_timestamp()), "
     "CASE WHEN {floor} THEN statement_timestamp() END)"
 )
-_VALUES = f"(%s, %s, %s::jsonb, %s, %s, {_RUN_AT.format(run_at='%s', delay='%s::interval', floor='%s')}, %s, %s, %s)"
+_VALUES = (
+    f"(%s, %s, %s::jsonb, %s, %s, {_RUN_AT.format(run_at='%s', delay='%s::interval', floor='%s')}, %s, %s, %s, "
+    "%s, %s, %s)"
+)
 _ON_UNIQUE = (
     "ON CONFLICT (name, unique_key) WHERE unique_key IS NOT NULL AND status IN ('queued', 'running') DO NOTHING"
 )
@@ -69,6 +74,10 @@ class Options:
     max_attempts: int | None = None
     on_duplicate: str = "return"
     backend: str | None = None
+    # Flow control (flow.py): seconds per attempt, and the keys of the job's limits.
+    timeout: float | None = None
+    concurrency_key: str | None = None
+    rate_key: str | None = None
 
     def checked(self) -> Options:
         """Return these options, validated (``delay`` is added to now() at enqueue, by the database)."""
@@ -85,6 +94,7 @@ class Options:
             check_text(self.unique_key, "unique key")
         if self.backend is not None:
             check_text(self.backend, "backend alias")
+        check_flow(self)
         if self.on_duplicate not in ("return", "raise"):
             raise ValueError(f"on_duplicate must be 'return' or 'raise', not {self.on_duplicate!r}")
         run_at = self.run_at
@@ -104,6 +114,27 @@ class Options:
             if abs(self.delay) > MAX_DELAY:
                 raise ValueError(f"delay must be at most {MAX_DELAY.days} days, not {self.delay}")
         return self
+
+
+def check_flow(options: Options) -> None:
+    """Refuse a timeout or limit key that no worker could honour."""
+    timeout = options.timeout
+    if timeout is not None:
+        if not isinstance(timeout, int | float) or isinstance(timeout, bool):
+            raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
+        if not 0 < timeout <= MAX_DELAY.total_seconds():
+            raise ValueError(
+                f"timeout is {timeout!r}; it must be a number of seconds above 0 "
+                f"(and at most {MAX_DELAY.total_seconds():.0f}); leave it out for no timeout"
+            )
+    for what in ("concurrency_key", "rate_key"):
+        key = getattr(options, what)
+        if key is not None:
+            if not isinstance(key, str):
+                raise TypeError(f"{what} must be a str, not {type(key).__name__}")
+            if not key:
+                raise ValueError(f"{what} must not be empty")
+            check_text(key, what.replace("_", " "))
 
 
 def check_text(value: str, what: str) -> str:
@@ -148,6 +179,9 @@ def _params(name: str, args: dict[str, Any], options: Options) -> list[Any]:
         options.max_attempts,
         options.unique_key,
         options.backend,
+        options.timeout,
+        options.concurrency_key,
+        options.rate_key,
     ]
 
 
@@ -195,16 +229,18 @@ class BulkResult(list[Job]):
 _BULK_FIELDS = ["id", "name", "args", "status", "queue", "priority", "max_attempts", "unique_key", "backend"]
 _UNNEST = (
     f"SELECT id, name, args, queue, priority, {_RUN_AT.format(run_at='run_at', delay='delay', floor='floor')}, "
-    "max_attempts, unique_key, backend FROM unnest(%s::uuid[], %s::text[], %s::jsonb[], %s::text[], %s::int[], "
-    "%s::timestamptz[], %s::interval[], %s::bool[], %s::int[], %s::text[], %s::text[]) "
-    "AS v(id, name, args, queue, priority, run_at, delay, floor, max_attempts, unique_key, backend)"
+    "max_attempts, unique_key, backend, timeout, concurrency_key, rate_key "
+    "FROM unnest(%s::uuid[], %s::text[], %s::jsonb[], %s::text[], %s::int[], "
+    "%s::timestamptz[], %s::interval[], %s::bool[], %s::int[], %s::text[], %s::text[], %s::float8[], %s::text[], "
+    "%s::text[]) AS v(id, name, args, queue, priority, run_at, delay, floor, max_attempts, unique_key, backend, "
+    "timeout, concurrency_key, rate_key)"
 )
 
 
 def write_many(items: Iterable[tuple[str, dict[str, Any], Options]], sender: Sender) -> BulkResult:
     """Insert many rows in one statement; validate every item before writing any."""
     using = conf.queue_database()
-    columns: list[list[Any]] = [[] for _ in range(11)]
+    columns: list[list[Any]] = [[] for _ in range(14)]
     arguments: list[dict[str, Any]] = []
     for index, (name, args, options) in enumerate(items):
         try:
@@ -223,7 +259,7 @@ def write_many(items: Iterable[tuple[str, dict[str, Any], Options]], sender: Sen
         written = {row[0] for row in cursor.fetchall()}
     # Build the jobs from what was sent; the columns the database filled in
     # (times, status defaults) are deferred and load on first access.
-    ids, names, _, queues, priorities, _, _, _, max_attempts, unique_keys, backends = columns
+    ids, names, _, queues, priorities, _, _, _, max_attempts, unique_keys, backends, *_ = columns
     for index, job_id in enumerate(ids):
         if job_id in written:
             values = [job_id, names[index], arguments[index], "queued", queues[index], priorities[index]]

@@ -33,7 +33,7 @@ WHERE q.id = ANY(ARRAY(
     LIMIT %(limit)s
 )) AND q.status = 'queued'
 RETURNING q.id, q.name, q.args::text, q.attempts, q.max_attempts, q.backend,
-    set_config('synchronous_commit', 'off', true)
+    set_config('synchronous_commit', 'off', true), q.timeout, q.started_at
 """
 _NAME_WALK = """
     SELECT c.id, c.priority, c.run_at FROM unnest({names}::text[]) AS n(name)

@@ -243,7 +243,7 @@ def run_jobs(
             cursor.execute(statement, {"worker": None, "limit": ROUND_SIZE, **params})
             claimed = [
                 Claimed(job_id, job_name_, None, attempt, max_attempts, backend, args_json=args)
-                for job_id, job_name_, args, attempt, max_attempts, backend, _ in cursor.fetchall()
+                for job_id, job_name_, args, attempt, max_attempts, backend, *_ in cursor.fetchall()
             ]
             if not claimed:
                 break

@@ -51,6 +51,7 @@ from .workerdb import (
     keepalives,
     task_backend_aliases,
 )
+from .workerflow import FlowLoops
 from .workerloops import Loops, unstorable
 
 __all__ = [
@@ -72,7 +73,7 @@ __all__ = [
 logger = logging.getLogger("axa_django")
 
 
-class Worker(Connections, Loops):
+class Worker(Connections, Loops, FlowLoops):
     """Runs jobs until stopped; ``run()`` returns the process exit code."""
 
     def __init__(
@@ -88,6 +89,7 @@ class Worker(Connections, Loops):
         using: str | None = None,
         install_signals: bool = True,
         log_attempts: bool = False,
+        timeout_grace: float = 5.0,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise ValueError(f"concurrency must be a positive whole number, not {concurrency!r}")
@@ -97,6 +99,7 @@ class Worker(Connections, Loops):
             raise ValueError(f"max_jobs must be a positive whole number, not {max_jobs!r}")
         if grace_period is not None and not (isinstance(grace_period, int | float) and grace_period >= 0):
             raise ValueError(f"grace_period must be a number of seconds >= 0, not {grace_period!r}")
+        self._init_flow(timeout_grace)
         self.id = uuid.uuid4()
         self.concurrency = concurrency
         self.poll_interval = float(poll_interval or conf.get("POLL_INTERVAL"))
@@ -337,7 +340,7 @@ class Worker(Connections, Loops):
             return None
         jobs = [
             Claimed(job_id, name, None, attempt, max_attempts, backend, args_json=args)
-            for job_id, name, args, attempt, max_attempts, backend, _ in rows
+            for job_id, name, args, attempt, max_attempts, backend, *_ in rows
         ]
         with self._lock:
             for job in jobs:
@@ -346,6 +349,8 @@ class Worker(Connections, Loops):
                 if job.backend is not None or (function is not None and (function.takes_context or function.is_async)):
                     job.context = JobContext(job.id, job.name, job.attempt, self.id)
                 self._in_flight[job.id] = job
+        for job, row in zip(jobs, rows, strict=True):
+            self._watch(job, function=registry.get(job.name), timeout=row[7], started_at=row[8])
         return jobs
 
     def _composed(self, template: str, names: list[str]) -> str:
@@ -371,6 +376,7 @@ class Worker(Connections, Loops):
         for index in range(self.concurrency):
             self._spawn(self._job_loop, f"axa-job-{index}")
         self._spawn(self._finish_loop, "axa-finisher")
+        self._spawn(self._watchdog_loop, "axa-watchdog")
         if self.notify:
             self._spawn(self._listen_loop, "axa-listener")
 
@@ -416,8 +422,10 @@ class Worker(Connections, Loops):
         if self.notify:
             self._execute(sql.WAKE, {})  # lets the listener see that we stop
         for thread in self._threads:
+            if thread.ident in self._stuck:
+                continue  # stuck in a job past its timeout: it may never return
             waits = thread.name in ("axa-finisher", "axa-listener") or not self._aborting.is_set()
-            if waits and thread.name != "axa-heartbeat":
+            if waits and thread.name not in ("axa-heartbeat", "axa-watchdog"):
                 thread.join(timeout=None if not self._aborting.is_set() else 5)
         self._execute(sql.UNREGISTER, {"worker": self.id})
         self._done.set()

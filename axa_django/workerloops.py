@@ -50,6 +50,10 @@ class Loops:
                 except BaseException as error:
                     logger.exception("running job %s %s failed outside the job", job.name, job.id)
                     outcome = failure(job, None, error, self.id)
+                if job.watch is not None and not job.watch.settle():
+                    # Given up at its timeout, outcome written, a new thread in its place.
+                    logger.warning("job %s %s returned after it was given up; its outcome is dropped", job.name, job.id)
+                    return
                 if self.log_attempts:
                     seconds = time.monotonic() - started
                     status, delay = outcome.status, outcome.delay

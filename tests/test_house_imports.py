@@ -17,6 +17,7 @@ ORDER = [
     "sql",
     "signals",
     "context",
+    "timeouts",
     "attempts",
     "dberrors",
     "logs",
@@ -43,6 +44,7 @@ ORDER = [
     # The worker process: its connections and its threads, then the dispatcher.
     "workerdb",
     "workerloops",
+    "workerflow",
     "worker",
     # Beside the top: test helpers, the admin, commands, the app config and the package.
     "testing",

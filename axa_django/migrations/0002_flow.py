@@ -1,4 +1,4 @@
-"""Flow control: the axa_paused_queue table (paused queues)."""
+"""Flow control: per-row timeout and limit keys on axa_queue; the axa_paused_queue table."""
 
 import django.db.models.functions.datetime
 from django.db import migrations, models
@@ -8,6 +8,9 @@ class Migration(migrations.Migration):
     dependencies = [("axa_django", "0001_initial")]
 
     operations = [
+        migrations.AddField(model_name="job", name="timeout", field=models.FloatField(blank=True, null=True)),
+        migrations.AddField(model_name="job", name="concurrency_key", field=models.TextField(blank=True, null=True)),
+        migrations.AddField(model_name="job", name="rate_key", field=models.TextField(blank=True, null=True)),
         migrations.CreateModel(
             name="QueuePause",
             fields=[

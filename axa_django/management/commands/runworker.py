@@ -62,6 +62,12 @@ class Command(BaseCommand):
             default=None,
             help="seconds jobs may finish after SIGTERM (default: no limit)",
         )
+        parser.add_argument(
+            "--timeout-grace",
+            type=_grace,
+            default=5.0,
+            help="seconds a job past its timeout may take to stop before its thread is replaced (default 5)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_for_command(options["verbosity"])
@@ -75,6 +81,7 @@ class Command(BaseCommand):
                 names=options["names"],
                 grace_period=options["grace_period"],
                 log_attempts=options["verbosity"] >= 2,
+                timeout_grace=options["timeout_grace"],
             )
         except UnknownJobs as error:
             raise CommandError(str(error), returncode=2) from None

@@ -1,0 +1,112 @@
+"""Stopping a sync job's thread at its timeout: JobTimeout raised in it asynchronously.
+
+``Watch`` is one attempt's timer. The job thread runs the job's function through
+``call``; the worker's watchdog calls ``fire`` once the deadline passes, which raises
+JobTimeout in the job thread (``PyThreadState_SetAsyncExc``) only while that thread is
+inside the job's own code: never in the worker's code around it. A thread blocked in
+C sees the exception only when it returns to Python; if it has not stopped within the
+grace, the watchdog gives the attempt up (``abandon``) and the thread's late outcome
+is dropped.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .context import JobTimeout, timeout_text
+
+
+def _raise_in(ident: int, exception: type[BaseException] | None) -> None:
+    # NULL clears an exception set earlier and not yet raised.
+    target = ctypes.py_object(exception) if exception is not None else None
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), target)
+
+
+class Watch:
+    """The timeout of one attempt, shared by its job thread and the watchdog."""
+
+    def __init__(self, name: str, attempt: int, timeout: float, deadline: float) -> None:
+        self.name = name
+        self.attempt = attempt
+        self.timeout = timeout
+        self.deadline = deadline  # time.monotonic()
+        self.fired_at: float | None = None
+        self.abandoned = False
+        self._settled = False
+        self.thread_ident: int | None = None  # the job thread, once it starts the job's code
+        self._lock = threading.Lock()
+        self._inside: int | None = None  # the job thread's ident while it runs the job's code
+
+    @property
+    def message(self) -> str:
+        """What the JobTimeout says."""
+        return timeout_text(self.name, self.attempt, self.timeout)
+
+    def fire(self) -> None:
+        """The deadline has passed: raise JobTimeout in the job's code, if it is running."""
+        with self._lock:
+            if self.fired_at is not None:
+                return
+            self.fired_at = time.monotonic()
+            if self._inside is not None:
+                _raise_in(self._inside, JobTimeout)
+
+    def abandon(self) -> bool:
+        """Give the attempt up (its thread did not stop); False if its outcome is already in."""
+        with self._lock:
+            if self._settled:
+                return False
+            self.abandoned = True
+            return True
+
+    def settle(self) -> bool:
+        """The job thread has the attempt's outcome; False if the attempt was given up (drop it)."""
+        with self._lock:
+            if self.abandoned:
+                return False
+            self._settled = True
+            return True
+
+    def enter(self) -> None:
+        """The job thread starts the job's code (past the deadline already: time out now)."""
+        with self._lock:
+            self._inside = self.thread_ident = threading.get_ident()
+            late = time.monotonic() >= self.deadline and self.fired_at is None
+            if late:
+                self.fired_at = time.monotonic()
+        if late:
+            raise JobTimeout(self.message)
+
+    def leave(self) -> bool:
+        """The job's code has returned or raised; True if it timed out meanwhile."""
+        with self._lock:
+            ident, self._inside = self._inside, None
+            if self.fired_at is not None and ident is not None:
+                _raise_in(ident, None)  # fired just as the job returned: not raised yet, and now never
+            return self.fired_at is not None
+
+
+def call(watch: Watch | None, func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """``func(*args, **kwargs)``, stopped with JobTimeout if ``watch`` fires meanwhile."""
+    if watch is None:
+        return func(*args, **kwargs)
+    watch.enter()
+    try:
+        value = func(*args, **kwargs)
+    except JobTimeout as error:
+        watch.leave()
+        if error.args:
+            raise
+        # Raised from a class (the C API cannot pass an instance): say what happened, keep where.
+        raise JobTimeout(watch.message).with_traceback(error.__traceback__) from None
+    except BaseException as error:
+        if watch.leave():  # the job turned our JobTimeout into something else
+            raise JobTimeout(watch.message) from error
+        raise
+    if watch.leave():  # the job caught JobTimeout and returned anyway
+        raise JobTimeout(watch.message)
+    return value

@@ -1,0 +1,105 @@
+"""The worker's flow control: the watchdog that stops attempts at their timeout.
+
+``FlowLoops`` is mixed into ``Worker``. A sync job past its deadline gets JobTimeout
+raised in its thread (an async one has its task cancelled by ``run_cancellable``). A
+thread that has not stopped within the grace (blocked in C) is given up: the attempt
+is written as failed with JobTimeout, a new job thread takes its slot, and whatever
+the old thread returns later is dropped. A worker left with as many stuck threads as
+its concurrency exits 1, so that its process manager starts a clean one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from typing import Any
+
+from . import registry
+from .context import JobTimeout
+from .execution import Claimed, failure
+from .timeouts import Watch
+
+logger = logging.getLogger("axa_django")
+
+# How often the watchdog looks when no deadline is nearer (it also wakes at each claim).
+TICK = 0.5
+
+
+class FlowLoops:
+    """The watchdog of ``Worker`` (a mixin: the attributes are the worker's)."""
+
+    def _init_flow(self, timeout_grace: float) -> None:
+        if not (isinstance(timeout_grace, int | float) and not isinstance(timeout_grace, bool) and timeout_grace >= 0):
+            raise ValueError(f"timeout_grace must be a number of seconds >= 0, not {timeout_grace!r}")
+        self.timeout_grace = float(timeout_grace)
+        self._stuck: set[int | None] = set()
+        self._replacements = 0
+        self._watchdog_wake = threading.Event()
+
+    def _watch(self, job: Claimed, function: Any, timeout: float | None, started_at: Any) -> None:
+        """Give a just-claimed attempt its timer: the row's timeout, else its job's."""
+        if timeout is None and job.backend is None and function is not None:
+            timeout = function.options.timeout
+        if not timeout:
+            return
+        job.watch = Watch(job.name, job.attempt, float(timeout), time.monotonic() + timeout)
+        if job.context is not None:
+            job.context.timeout = float(timeout)
+            job.context._deadline_monotonic = job.watch.deadline
+            if isinstance(started_at, datetime.datetime):
+                job.context.deadline = started_at + datetime.timedelta(seconds=timeout)
+        self._watchdog_wake.set()
+
+    def _watchdog_loop(self) -> None:
+        while not self._done.is_set():
+            now = time.monotonic()
+            nearest = now + TICK
+            with self._lock:
+                watched = [job for job in self._in_flight.values() if job.watch is not None]
+            for job in watched:
+                watch = job.watch
+                assert watch is not None
+                if watch.fired_at is None:
+                    if now >= watch.deadline:
+                        logger.warning("job %s %s: %s", job.name, job.id, watch.message)
+                        watch.fire()
+                        nearest = min(nearest, now + self.timeout_grace)
+                    else:
+                        nearest = min(nearest, watch.deadline)
+                elif not watch.abandoned:
+                    if now >= watch.fired_at + self.timeout_grace:
+                        self._give_up(job, watch)
+                    else:
+                        nearest = min(nearest, watch.fired_at + self.timeout_grace)
+            self._watchdog_wake.wait(max(0.01, nearest - time.monotonic()))
+            self._watchdog_wake.clear()
+
+    def _give_up(self, job: Claimed, watch: Watch) -> None:
+        if not watch.abandon():
+            return  # its thread returned just now: its own outcome stands
+        error = JobTimeout(
+            f"{watch.message}; its thread did not stop within the {self.timeout_grace:g}s grace "
+            "(blocked outside Python?), so the attempt was given up"
+        )
+        outcome = failure(job, registry.get(job.name), error, self.id)
+        with self._lock:
+            self._unwritten += 1
+            self._in_flight.pop(job.id, None)
+            self.processed += 1
+            self.outcomes[outcome.status] += 1
+            self._stuck.add(watch.thread_ident)
+            stuck = len(self._stuck)
+        self._outcomes.put(outcome)
+        self._wake.set()
+        if stuck >= self.concurrency:
+            logger.critical(
+                "%d job thread(s) are stuck in jobs past their timeout; exiting 1 so that the worker is restarted",
+                stuck,
+            )
+            self._die("stuck job")
+            return
+        logger.error("job %s %s: its thread is stuck; starting a new job thread in its place", job.name, job.id)
+        self._replacements += 1
+        self._spawn(self._job_loop, f"axa-job-r{self._replacements}")
