@@ -46,6 +46,7 @@ ORDER = [
     "workerloops",
     "workerflow",
     "worker",
+    "pools",
     # Beside the top: test helpers, the admin, commands, the app config and the package.
     "testing",
     "dashboard",

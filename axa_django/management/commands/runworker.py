@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from axa_django.logs import configure_for_command
+from axa_django.pools import Pools, split
 from axa_django.selection import check_queue
 from axa_django.worker import CannotConnect, NotMigrated, PoolerMisconfigured, UnknownJobs, Worker
 
@@ -37,9 +38,10 @@ def _grace(text: str) -> float:
     return _seconds(text, allow_zero=True)
 
 
-def _queue(text: str) -> str:
+def _queue(text: str) -> tuple[str, int | None]:
     try:
-        return check_queue(text)
+        queue, size = split(text)
+        return check_queue(queue), size
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
@@ -53,7 +55,11 @@ class Command(BaseCommand):
         parser.add_argument("--burst", action="store_true", help="run every ready job, then exit 0")
         parser.add_argument("--max-jobs", type=_positive_int, default=None, help="exit after this many attempts")
         parser.add_argument(
-            "--queue", action="append", dest="queues", type=_queue, help="claim only from this queue (repeatable)"
+            "--queue",
+            action="append",
+            dest="queues",
+            type=_queue,
+            help="claim only from this queue (repeatable); QUEUE:N gives the queue a pool of N threads of its own",
         )
         parser.add_argument("--job", action="append", dest="names", help="claim only this job name (repeatable)")
         parser.add_argument(
@@ -71,18 +77,25 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_for_command(options["verbosity"])
+        queues = options["queues"] or []
+        common = {
+            "poll_interval": options["poll_interval"],
+            "burst": options["burst"],
+            "names": options["names"],
+            "grace_period": options["grace_period"],
+            "log_attempts": options["verbosity"] >= 2,
+            "timeout_grace": options["timeout_grace"],
+        }
         try:
-            worker = Worker(
-                concurrency=options["concurrency"],
-                poll_interval=options["poll_interval"],
-                burst=options["burst"],
-                max_jobs=options["max_jobs"],
-                queues=options["queues"],
-                names=options["names"],
-                grace_period=options["grace_period"],
-                log_attempts=options["verbosity"] >= 2,
-                timeout_grace=options["timeout_grace"],
-            )
+            if any(size is not None for _, size in queues):
+                worker: Worker | Pools = Pools(self._pool_sizes(queues, options), **common)
+            else:
+                worker = Worker(
+                    concurrency=options["concurrency"],
+                    max_jobs=options["max_jobs"],
+                    queues=[queue for queue, _ in queues] or None,
+                    **common,
+                )
         except UnknownJobs as error:
             raise CommandError(str(error), returncode=2) from None
         except ValueError as error:
@@ -93,3 +106,17 @@ class Command(BaseCommand):
             raise CommandError(str(error), returncode=2) from None
         if code:
             sys.exit(code)
+
+    @staticmethod
+    def _pool_sizes(queues: list[tuple[str, int | None]], options: dict[str, Any]) -> dict[str, int]:
+        if options["max_jobs"] is not None:
+            raise CommandError(
+                "--max-jobs counts one pool's attempts; it cannot be used with per-queue pools (QUEUE:N)"
+            )
+        sizes: dict[str, int] = {}
+        for queue, size in queues:
+            if queue in sizes:
+                raise CommandError(f"queue {queue!r} is given twice; give each queue once, as QUEUE or QUEUE:N")
+            # A queue named without a size, beside sized ones, gets --concurrency threads.
+            sizes[queue] = size or options["concurrency"]
+        return sizes
