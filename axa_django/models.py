@@ -244,6 +244,21 @@ class Job(models.Model):
             models.Index(fields=["status", "-created_at"], name="axa_queue_status"),
             # Serves the admin's job list, newest first, without sorting the whole table.
             models.Index(fields=["-created_at"], name="axa_queue_created"),
+            # Jobs with a concurrency limit: their (name, key) pairs and each pair's ready
+            # rows, then each pair's running rows (both only rows that have a key).
+            models.Index(
+                "name",
+                "concurrency_key",
+                models.OrderBy(models.F("priority"), descending=True),
+                "run_at",
+                name="axa_queue_claim_limited",
+                condition=models.Q(status="queued", concurrency_key__isnull=False),
+            ),
+            models.Index(
+                fields=["name", "concurrency_key"],
+                name="axa_queue_limited_running",
+                condition=models.Q(status="running", concurrency_key__isnull=False),
+            ),
         ]
         constraints = [
             models.UniqueConstraint(

@@ -10,7 +10,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from asgiref.sync import sync_to_async
 
-from . import conf, cronexpr, rows
+from . import conf, cronexpr, flow, rows
 from .arguments import bind, check_kwargs
 from .execution import run_inline
 from .models import Job
@@ -69,12 +69,22 @@ class JobFunction(Generic[P, R]):
         takes_context: bool = False,
         options: Options | None = None,
         timeout: float | None = None,
+        concurrency: int | None = None,
+        concurrency_key: Callable[..., str] | None = None,
+        rate: str | None = None,
+        rate_key: Callable[..., str] | None = None,
     ) -> None:
         self.func = func
         self.name = rows.check_name(name)
         self.max_attempts = max_attempts
         self.backoff = check_backoff(backoff, name)
         self.unique = unique
+        self.concurrency = flow.check_concurrency(concurrency, name)
+        self.concurrency_key = flow.check_key_function(
+            concurrency_key, "concurrency_key", "concurrency", self.concurrency is not None, name
+        )
+        self.rate = flow.parse_rate(rate, name)
+        self.rate_key = flow.check_key_function(rate_key, "rate_key", "rate", self.rate is not None, name)
         self.cron = cron
         self.takes_context = takes_context
         self.is_async = inspect.iscoroutinefunction(func)
@@ -123,14 +133,28 @@ class JobFunction(Generic[P, R]):
         copy = object.__new__(type(self))
         copy.__dict__.update(self.__dict__)
         copy.options = replace(self.options, **options).checked()
+        for key, limit in (("concurrency_key", "concurrency"), ("rate_key", "rate")):
+            if options.get(key) is not None and getattr(self, limit) is None:
+                raise ValueError(f"job {self.name!r} has no {limit} limit, so using({key}=...) would key nothing")
         return copy
 
     def _options_for(self, arguments: dict[str, Any]) -> Options:
-        if self.unique is not None and self.options.unique_key is None:
+        options = self.options
+        if self.unique is not None and options.unique_key is None:
             key = self.unique(**arguments)
             if key is not None:
-                return replace(self.options, unique_key=rows.check_text(str(key), "unique key"))
-        return self.options
+                options = replace(options, unique_key=rows.check_text(str(key), "unique key"))
+        if self.concurrency is not None and options.concurrency_key is None:
+            key = flow.SHARED
+            if self.concurrency_key is not None:
+                key = flow.compute_key(self.concurrency_key, arguments, "concurrency_key", self.name)
+            options = replace(options, concurrency_key=key)
+        if self.rate is not None and options.rate_key is None:
+            key = flow.SHARED
+            if self.rate_key is not None:
+                key = flow.compute_key(self.rate_key, arguments, "rate_key", self.name)
+            options = replace(options, rate_key=key)
+        return options
 
     def perform_later(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Write a job row for a worker (or run it now in immediate mode) and return it."""
@@ -183,6 +207,10 @@ def background_job(
     cron: str | None = None,
     takes_context: bool = False,
     timeout: float | None = None,
+    concurrency: int | None = None,
+    concurrency_key: Callable[..., str] | None = None,
+    rate: str | None = None,
+    rate_key: Callable[..., str] | None = None,
 ) -> Callable[[Callable[P, R]], JobFunction[P, R]]: ...
 def background_job(func: Callable[..., Any] | None = None, /, *, name: str | None = None, **options: Any) -> Any:
     """Register a function as a background job, named ``module.qualname`` unless ``name`` is given."""

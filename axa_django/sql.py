@@ -54,6 +54,71 @@ _BACKEND_WALK = """
         FOR UPDATE SKIP LOCKED
     ) AS t"""
 
+# Jobs with a concurrency limit are claimed apart, so that jobs without one keep the
+# CLAIM above unchanged. Two statements in one transaction (workerflow.py): LIMITED_PAIRS
+# finds (name, key) pairs with queued rows and try-locks each (a transaction-scoped
+# advisory lock; a pair another worker is claiming is skipped, never waited for), then
+# CLAIM_LIMITED, a new statement with a new snapshot that sees every claim committed
+# under the lock before, counts each locked pair's running rows and claims at most the
+# rest of its limit. Counting in the statement that takes the lock would be racy: its
+# snapshot predates the lock. Running rows are counted from the table itself, so a
+# slot comes back whenever its row stops running: finished, failed, or rescued with a
+# dead worker's lease. Pairs are walked per name over axa_queue_claim_limited (a skip
+# scan), from a random key and wrapping round, so a held-back key never blocks the
+# keys behind it.
+LOCK_NAMESPACE = 0x0A7A0001
+_PAIR_WALK = """
+    SELECT n.name, w.key FROM unnest({limited}::text[]) AS n(name) CROSS JOIN LATERAL (
+        WITH RECURSIVE walk AS (
+            (SELECT 1 AS i, concurrency_key AS key FROM axa_queue
+             WHERE status = 'queued' AND concurrency_key IS NOT NULL AND name = n.name AND concurrency_key {start}
+             ORDER BY concurrency_key LIMIT 1)
+            UNION ALL
+            SELECT p.i + 1, x.key FROM walk p CROSS JOIN LATERAL (
+                SELECT concurrency_key AS key FROM axa_queue
+                WHERE status = 'queued' AND concurrency_key IS NOT NULL AND name = n.name AND concurrency_key > p.key
+                ORDER BY concurrency_key LIMIT 1
+            ) AS x WHERE p.i < %(pairs)s
+        )
+        SELECT key FROM walk
+    ) AS w"""
+# The walk from the random key comes first, the wrapped one after; a pair both find
+# comes twice (its lock is taken again, harmlessly) and the worker keeps it once.
+LIMITED_PAIRS = f"""
+SELECT name, key FROM (
+    {_PAIR_WALK.replace("{start}", ">= %(start)s")}
+    UNION ALL
+    {_PAIR_WALK.replace("{start}", "IS NOT NULL")}
+    LIMIT %(pairs)s
+) AS pairs
+WHERE pg_try_advisory_xact_lock({LOCK_NAMESPACE}, hashtext(name || E'\\x1f' || key))
+"""
+CLAIM_LIMITED = """
+UPDATE axa_queue q
+SET status = 'running', started_at = now(), updated_at = now(),
+    attempts = LEAST(q.attempts, 2147483646) + 1, worker_id = %(worker)s, cancel_requested = false,
+    run_at = CASE WHEN q.run_at = '-infinity' THEN now() ELSE q.run_at END
+WHERE q.id = ANY(ARRAY(
+    SELECT c.id FROM unnest(%(names)s::text[], %(keys)s::text[], %(limits)s::int[]) AS p(name, key, cap)
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS busy FROM axa_queue r
+        WHERE r.status = 'running' AND r.concurrency_key = p.key AND r.name = p.name
+    ) AS b
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM axa_queue
+        WHERE status = 'queued' AND concurrency_key = p.key AND name = p.name AND run_at <= now()
+          {queue_filter} {paused}
+        ORDER BY priority DESC, run_at
+        LIMIT GREATEST(p.cap - b.busy, 0)
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    ORDER BY c.priority DESC, c.run_at
+    LIMIT %(limit)s
+)) AND q.status = 'queued'
+RETURNING q.id, q.name, q.args::text, q.attempts, q.max_attempts, q.backend,
+    set_config('synchronous_commit', 'off', true), q.timeout, q.started_at
+"""
+
 # Seconds until the earliest future job this worker could run, or NULL; capped at a
 # day so that a row with run_at = 'infinity' cannot make an infinite wait.
 NEXT_RUN = """
@@ -74,10 +139,12 @@ WHERE status = 'queued' AND run_at > now() {queue_filter} {paused}
 PAUSED_ONE = "AND queue = {slot} AND NOT EXISTS (SELECT FROM axa_paused_queue p WHERE p.queue = {slot})"
 PAUSED_ANY = "AND COALESCE(queue <> ALL(ARRAY(SELECT p.queue FROM axa_paused_queue p)), true)"
 
-_SLOT = re.compile(r"\{(names|backends|queue_\d+|queues)\}")
+_SLOT = re.compile(r"\{(names|backends|queue_\d+|queues|limited)\}")
 
 
-def compose(template: str, names: list[str], backends: list[str], queues: list[str] | None) -> str:
+def compose(
+    template: str, names: list[str], backends: list[str], queues: list[str] | None, limited: list[str] | None = None
+) -> str:
     """``template`` with the worker's fixed names, backends and queues written in as literals.
 
     A --queue worker walks each of its queues apart, its name written in, so that the
@@ -86,7 +153,7 @@ def compose(template: str, names: list[str], backends: list[str], queues: list[s
     ``%(queues)s`` or ``{names}`` stays data. ``%`` is doubled so that psycopg leaves
     it alone while binding the statement's own parameters.
     """
-    values: dict[str, Any] = {"names": names, "backends": backends, "queues": queues or []}
+    values: dict[str, Any] = {"names": names, "backends": backends, "queues": queues or [], "limited": limited or []}
     filters = [PAUSED_ANY]
     if queues:
         filters = [PAUSED_ONE.format(slot=f"{{queue_{index}}}") for index in range(len(queues))]

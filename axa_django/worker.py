@@ -335,9 +335,14 @@ class Worker(Connections, Loops, FlowLoops):
     def _claim(self, names: list[str], limit: int) -> list[Claimed] | None:
         if not names and not self.backends:
             return []
-        rows = self._execute(self._composed(sql.CLAIM, names), {"worker": self.id, "limit": limit})
-        if rows is None:
-            return None
+        # Jobs with a concurrency limit first (workerflow.py), then the others as ever.
+        rows = self._claim_limited(names, limit)
+        fast = [name for name in names if name not in self._limited_names(names)]
+        if len(rows) < limit and (fast or self.backends):
+            more = self._execute(self._composed(sql.CLAIM, fast), {"worker": self.id, "limit": limit - len(rows)})
+            if more is None and not rows:
+                return None
+            rows += more or []
         jobs = [
             Claimed(job_id, name, None, attempt, max_attempts, backend, args_json=args)
             for job_id, name, args, attempt, max_attempts, backend, *_ in rows

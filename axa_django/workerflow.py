@@ -16,7 +16,9 @@ import threading
 import time
 from typing import Any
 
-from . import registry
+import psycopg
+
+from . import registry, sql
 from .context import JobTimeout
 from .execution import Claimed, failure
 from .timeouts import Watch
@@ -37,6 +39,69 @@ class FlowLoops:
         self._stuck: set[int | None] = set()
         self._replacements = 0
         self._watchdog_wake = threading.Event()
+        self._pair_start = ""  # where the next walk over limited pairs starts: round robin
+        self._limits: dict[str, int] | None = None
+
+    # -- concurrency limits --------------------------------------------------------
+
+    def _limited_names(self, names: list[str]) -> dict[str, int]:
+        """The names this worker claims that have a concurrency limit, with their limit."""
+        if self._limits is None:
+            functions = {name: registry.get(name) for name in names}
+            self._limits = {n: f.concurrency for n, f in functions.items() if f is not None and f.concurrency}
+        return self._limits
+
+    def _claim_limited(self, names: list[str], limit: int) -> list[tuple[Any, ...]]:
+        """Claim up to ``limit`` rows of jobs with a concurrency limit, each pair within its limit."""
+        limits = self._limited_names(names)
+        conn = self._conn
+        if not limits or limit < 1 or conn is None or conn.closed:
+            return []
+        limited = sorted(limits)
+        pairs_sql = self._composed_flow(sql.LIMITED_PAIRS, limited)
+        claim_sql = self._composed_flow(sql.CLAIM_LIMITED, limited)
+        try:
+            with conn.transaction(), conn.cursor() as cursor:
+                cursor.execute(pairs_sql, {"start": self._pair_start, "pairs": max(16, 2 * limit)})
+                found = list(dict.fromkeys(cursor.fetchall()))  # once each, in walk order
+                if not found:
+                    self._pair_start = ""
+                    return []
+                self._pair_start = found[-1][1]
+                cursor.execute(
+                    claim_sql,
+                    {
+                        "worker": self.id,
+                        "limit": limit,
+                        "names": [name for name, _ in found],
+                        "keys": [key for _, key in found],
+                        "limits": [limits[name] for name, _ in found],
+                    },
+                )
+                return cursor.fetchall()
+        except psycopg.Error as error:
+            logger.warning("claiming jobs with concurrency limits failed (%s); trying again shortly", error)
+            if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
+                self._close(conn)
+                self._conn = None
+            self._aborting.wait(0.2)
+            return []
+
+    def _composed_flow(self, template: str, limited: list[str]) -> str:
+        key = (template, ("limited", *limited))
+        if key not in self._statements:
+            self._statements[key] = sql.compose(template, limited, [], self.queues, limited)
+        return self._statements[key]
+
+    def _wake_limited(self, conn: psycopg.Connection[Any] | None, batch: list[Any]) -> None:
+        """Limited rows finished: their slots are free, so wake idle workers (every host) to claim."""
+        if not self._limits or conn is None or conn.closed or not self.notify:
+            return
+        if any(outcome.name in self._limits for outcome in batch):
+            try:
+                conn.execute(sql.WAKE)
+            except psycopg.Error as error:
+                logger.warning("could not wake workers after limited jobs finished (%s)", error)
 
     def _watch(self, job: Claimed, function: Any, timeout: float | None, started_at: Any) -> None:
         """Give a just-claimed attempt its timer: the row's timeout, else its job's."""

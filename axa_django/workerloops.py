@@ -146,6 +146,7 @@ class Loops:
                     break
                 batch.append(item)
             conn, written = self._write(conn, batch)
+            self._wake_limited(conn, batch)
             for outcome in batch:
                 if outcome.id not in written and not self._aborting.is_set():
                     logger.warning(

@@ -66,7 +66,7 @@ def test_the_migrated_schema_is_the_models_schema():
         assert migrated[kind] == built[kind], kind
     names = {index.name for model in models for index in model._meta.indexes}
     assert names <= {name for _, name, _ in migrated["indexes"]}
-    assert len(names) == 8
+    assert len(names) == 10
 
 
 @pytest.mark.django_db

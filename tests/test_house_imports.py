@@ -31,6 +31,7 @@ ORDER = [
     "models",
     # Writing rows (enqueue), then running them.
     "rows",
+    "flow",
     "execution",
     # @background_job and the django.tasks backend.
     "registry",

@@ -11,6 +11,25 @@ class Migration(migrations.Migration):
         migrations.AddField(model_name="job", name="timeout", field=models.FloatField(blank=True, null=True)),
         migrations.AddField(model_name="job", name="concurrency_key", field=models.TextField(blank=True, null=True)),
         migrations.AddField(model_name="job", name="rate_key", field=models.TextField(blank=True, null=True)),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                models.F("name"),
+                models.F("concurrency_key"),
+                models.OrderBy(models.F("priority"), descending=True),
+                models.F("run_at"),
+                condition=models.Q(("concurrency_key__isnull", False), ("status", "queued")),
+                name="axa_queue_claim_limited",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("concurrency_key__isnull", False), ("status", "running")),
+                fields=["name", "concurrency_key"],
+                name="axa_queue_limited_running",
+            ),
+        ),
         migrations.CreateModel(
             name="QueuePause",
             fields=[

@@ -86,3 +86,41 @@ async def async_sleepy(seconds: float, log: str | None = None) -> str:
 def untimed(seconds: float) -> str:
     nap(seconds)
     return "done"
+
+
+def interval(log: str | None, name: str, key: str, token: str, seconds: float) -> str:
+    """Record this run's start and end (wall clock), for overlap checks across processes."""
+    start = time.time()
+    nap(seconds)
+    mark(log, f"{name} {key} {token} {start:.6f} {time.time():.6f}")
+    return token
+
+
+@background_job(concurrency=1, concurrency_key=lambda account_id, **_: f"acct:{account_id}")
+def one_per_account(account_id: int, token: str = "", log: str | None = None, seconds: float = 0.005) -> str:
+    return interval(log, "one", f"acct:{account_id}", token, seconds)
+
+
+@background_job(concurrency=3, concurrency_key=lambda account_id, **_: f"acct:{account_id}")
+def three_per_account(account_id: int, token: str = "", log: str | None = None, seconds: float = 0.005) -> str:
+    return interval(log, "three", f"acct:{account_id}", token, seconds)
+
+
+@background_job(concurrency=2)
+def two_at_once(token: str = "", log: str | None = None, seconds: float = 0.005) -> str:
+    """No key: one cap for all of the job's rows."""
+    return interval(log, "two", "", token, seconds)
+
+
+@background_job
+def unlimited(token: str = "", log: str | None = None, seconds: float = 0.005) -> str:
+    return interval(log, "unlimited", "", token, seconds)
+
+
+@background_job(concurrency=1, concurrency_key=lambda path, **_: "one")
+def wait_for_file(path: str, log: str | None = None) -> str:
+    """Runs until ``path`` exists (a slot held for as long as the test wants)."""
+    mark(log, f"waiting {os.getpid()}")
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    return "seen"

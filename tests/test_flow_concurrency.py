@@ -1,0 +1,172 @@
+"""Global concurrency limits: enforced in the claim across processes, per key, with no head-of-line blocking."""
+
+from __future__ import annotations
+
+import datetime
+import signal
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+from axa_django import Job, background_job
+from axa_django.worker import Worker
+from tests.conftest import wait_for
+from tests.testapp import flow_jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def burst(**options: object) -> Worker:
+    options.setdefault("concurrency", 4)
+    worker = Worker(burst=True, install_signals=False, **options)
+    assert worker.run() == 0
+    return worker
+
+
+def intervals(log: Path) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    found: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+    for line in log.read_text().splitlines():
+        name, key, _, start, end = line.split(" ")
+        found[(name, key)].append((float(start), float(end)))
+    return found
+
+
+def most_at_once(spans: list[tuple[float, float]]) -> int:
+    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running = peak = 0
+    for _, step in events:  # an end at the same instant as a start sorts first
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def tokens(log: Path) -> Counter[str]:
+    return Counter(line.split(" ")[2] for line in log.read_text().splitlines())
+
+
+def test_a_key_never_runs_more_than_its_limit_in_one_worker(tmp_path) -> None:
+    log = tmp_path / "log"
+    for i in range(8):
+        flow_jobs.one_per_account.perform_later(1, f"a{i}", str(log), seconds=0.02)
+        flow_jobs.three_per_account.perform_later(1, f"b{i}", str(log), seconds=0.02)
+        flow_jobs.two_at_once.perform_later(f"c{i}", str(log), seconds=0.02)
+    burst(concurrency=8)
+    found = intervals(log)
+    assert {key: len(spans) for key, spans in found.items()} == {
+        ("one", "acct:1"): 8,
+        ("three", "acct:1"): 8,
+        ("two", ""): 8,
+    }
+    assert most_at_once(found[("one", "acct:1")]) == 1
+    assert most_at_once(found[("three", "acct:1")]) <= 3
+    assert most_at_once(found[("two", "")]) <= 2
+    assert set(Job.objects.values_list("status", flat=True)) == {"completed"}
+
+
+def test_rows_carry_their_key_and_using_can_set_it() -> None:
+    assert flow_jobs.one_per_account.perform_later(7).concurrency_key == "acct:7"
+    assert flow_jobs.two_at_once.perform_later().concurrency_key == ""
+    assert flow_jobs.one_per_account.using(concurrency_key="vip").perform_later(7).concurrency_key == "vip"
+    assert flow_jobs.unlimited.perform_later().concurrency_key is None
+
+
+def test_a_held_back_key_does_not_block_other_keys_behind_it(workers, tmp_path) -> None:
+    gate = tmp_path / "gate"
+    blocker = flow_jobs.wait_for_file.perform_later(str(gate))
+    held = [flow_jobs.wait_for_file.using(priority=10).perform_later(str(gate)) for _ in range(3)]
+    behind = [flow_jobs.one_per_account.using(priority=-5).perform_later(i, f"x{i}") for i in range(4)]
+    proc = workers.start("--concurrency", "4")
+    wait_for(lambda: Job.objects.filter(pk__in=[j.pk for j in behind], status="completed").count() == 4)
+    assert Job.objects.filter(name=blocker.name, status="running").count() == 1
+    assert Job.objects.filter(name=blocker.name, status="queued").count() == 3
+    gate.touch()
+    wait_for(lambda: Job.objects.filter(name=blocker.name, status="completed").count() == 4)
+    assert len(held) == 3 and proc.poll() is None
+
+
+def test_a_dead_workers_slot_comes_back_with_its_lease(workers, tmp_path) -> None:
+    gate, log = tmp_path / "gate", tmp_path / "log"
+    first = flow_jobs.wait_for_file.using(max_attempts=2).perform_later(str(gate), str(log))
+    victim = workers.start("--concurrency", "2")
+    wait_for(lambda: log.exists(), what="the first job to start")
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=30)
+    gate.touch()
+    second = flow_jobs.wait_for_file.perform_later(str(gate), str(log))
+    workers.start("--concurrency", "2")
+    wait_for(lambda: Job.objects.filter(pk__in=[first.pk, second.pk], status="completed").count() == 2, timeout=60)
+    first.refresh_from_db()
+    second.refresh_from_db()
+    lost = next(entry for entry in first.errors if entry["type"] == "WorkerLost")
+    # The second job got the key's one slot only once the dead worker's row was rescued.
+    assert second.started_at >= datetime.datetime.fromisoformat(lost["at"])
+    assert first.attempts == 2
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2", 2**31])
+def test_a_bad_concurrency_is_refused_at_decoration(bad: object) -> None:
+    with pytest.raises(ValueError, match="concurrency must be a whole number of at least 1"):
+        background_job(name="flow.bad", concurrency=bad)(flow_jobs.mark)  # type: ignore[call-overload]
+
+
+def test_bad_keys_are_refused_and_nothing_is_written() -> None:
+    with pytest.raises(TypeError, match=r"give concurrency=\.\.\. as well"):
+        background_job(name="flow.nokey", concurrency_key=lambda **_: "k")(flow_jobs.mark)
+    with pytest.raises(TypeError, match="must be a function"):
+        background_job(name="flow.notfn", concurrency=1, concurrency_key="k")(flow_jobs.mark)  # type: ignore[call-overload]
+    raises = background_job(name="flow.raises", concurrency=1, concurrency_key=lambda **_: 1 / 0)(flow_jobs.mark)
+    with pytest.raises(ValueError, match="concurrency_key function raised ZeroDivisionError"):
+        raises.perform_later("p", "t")
+    number = background_job(name="flow.number", concurrency=1, concurrency_key=lambda **_: 7)(flow_jobs.mark)
+    with pytest.raises(TypeError, match="returned 7, not a str"):
+        number.perform_later("p", "t")
+    empty = background_job(name="flow.empty", concurrency=1, concurrency_key=lambda **_: "")(flow_jobs.mark)
+    with pytest.raises(ValueError, match="empty string"):
+        empty.perform_later("p", "t")
+    nul = background_job(name="flow.nul", concurrency=1, concurrency_key=lambda **_: "a\x00")(flow_jobs.mark)
+    with pytest.raises(ValueError, match="unprintable"):
+        nul.perform_later("p", "t")
+    with pytest.raises(ValueError, match="has no concurrency limit"):
+        flow_jobs.unlimited.using(concurrency_key="k")
+    with pytest.raises(TypeError, match="concurrency_key must be a str"):
+        flow_jobs.one_per_account.using(concurrency_key=5)
+    assert not Job.objects.exists()
+
+
+def test_jobs_without_limits_take_the_plain_claim() -> None:
+    worker = Worker(install_signals=False, names=[flow_jobs.unlimited.name])
+    assert worker._limited_names(worker.handler_names()) == {}
+    worker = Worker(install_signals=False)
+    assert worker._limited_names(worker.handler_names())[flow_jobs.one_per_account.name] == 1
+
+
+def _fleet(workers, log: Path, count: int) -> float:
+    began = time.monotonic()
+    procs = [workers.start("--concurrency", "4", "--burst") for _ in range(count)]
+    for proc in procs:
+        assert proc.wait(timeout=240) == 0, proc.stdout.read() if proc.stdout else ""
+    # A burst worker may stop while another holds a key's slots: the rest is run by one more.
+    if Job.objects.filter(status="queued").exists():
+        assert workers.start("--concurrency", "4", "--burst").wait(timeout=240) == 0
+    return time.monotonic() - began
+
+
+def test_six_workers_hold_every_key_to_its_limit_and_run_every_job_once(workers, tmp_path) -> None:
+    log = tmp_path / "log"
+    flow_jobs.one_per_account.perform_later_many(
+        [{"account_id": i % 6, "token": f"o{i}", "log": str(log)} for i in range(600)]
+    )
+    flow_jobs.three_per_account.perform_later_many(
+        [{"account_id": i % 6, "token": f"t{i}", "log": str(log)} for i in range(600)]
+    )
+    seconds = _fleet(workers, log, 6)
+    found = intervals(log)
+    assert sum(len(spans) for spans in found.values()) == 1200
+    assert max(tokens(log).values()) == 1  # every job ran once
+    peaks = {key: most_at_once(spans) for key, spans in found.items()}
+    assert all(peak <= 1 for (name, _), peak in peaks.items() if name == "one"), peaks
+    assert all(peak <= 3 for (name, _), peak in peaks.items() if name == "three"), peaks
+    assert Job.objects.exclude(status="completed").count() == 0
+    print(f"\n6 workers x 4 threads, 1,200 limited jobs over 12 keys: {seconds:.2f}s; peaks {sorted(peaks.values())}")
