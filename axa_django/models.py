@@ -259,6 +259,15 @@ class Job(models.Model):
                 name="axa_queue_limited_running",
                 condition=models.Q(status="running", concurrency_key__isnull=False),
             ),
+            # Jobs with a rate limit: their (name, key) pairs and each pair's ready rows.
+            models.Index(
+                "name",
+                "rate_key",
+                models.OrderBy(models.F("priority"), descending=True),
+                "run_at",
+                name="axa_queue_claim_rated",
+                condition=models.Q(status="queued", rate_key__isnull=False),
+            ),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -345,6 +354,22 @@ class QueuePause(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue} (paused)"
+
+
+class RateBucket(models.Model):
+    """A rate-limited job's (name, key): the time its next start is due (a GCRA's theoretical arrival time)."""
+
+    pk = models.CompositePrimaryKey("name", "key")
+    name = models.TextField()
+    key = models.TextField()
+    tat = models.DateTimeField()
+
+    class Meta:
+        db_table = "axa_rate_bucket"
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return f"{self.name} [{self.key}] next start at {self.tat:%Y-%m-%d %H:%M:%S.%f%z}"
 
 
 # The admin's own index entries (Failed jobs, the Dashboard): proxies, so they load with the

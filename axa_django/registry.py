@@ -85,6 +85,11 @@ class JobFunction(Generic[P, R]):
         )
         self.rate = flow.parse_rate(rate, name)
         self.rate_key = flow.check_key_function(rate_key, "rate_key", "rate", self.rate is not None, name)
+        if self.concurrency is not None and self.rate is not None:
+            raise TypeError(
+                f"job {name!r}: concurrency= and rate= on one job are not supported; "
+                "limit it by one of them, or split the work into two jobs"
+            )
         self.cron = cron
         self.takes_context = takes_context
         self.is_async = inspect.iscoroutinefunction(func)

@@ -67,32 +67,41 @@ _BACKEND_WALK = """
 # scan), from a random key and wrapping round, so a held-back key never blocks the
 # keys behind it.
 LOCK_NAMESPACE = 0x0A7A0001
+RATE_NAMESPACE = 0x0A7A0002
 _PAIR_WALK = """
     SELECT n.name, w.key FROM unnest({limited}::text[]) AS n(name) CROSS JOIN LATERAL (
         WITH RECURSIVE walk AS (
-            (SELECT 1 AS i, concurrency_key AS key FROM axa_queue
-             WHERE status = 'queued' AND concurrency_key IS NOT NULL AND name = n.name AND concurrency_key {start}
-             ORDER BY concurrency_key LIMIT 1)
+            (SELECT 1 AS i, {column} AS key FROM axa_queue
+             WHERE status = 'queued' AND {column} IS NOT NULL AND name = n.name AND {column} {start}
+             ORDER BY {column} LIMIT 1)
             UNION ALL
             SELECT p.i + 1, x.key FROM walk p CROSS JOIN LATERAL (
-                SELECT concurrency_key AS key FROM axa_queue
-                WHERE status = 'queued' AND concurrency_key IS NOT NULL AND name = n.name AND concurrency_key > p.key
-                ORDER BY concurrency_key LIMIT 1
+                SELECT {column} AS key FROM axa_queue
+                WHERE status = 'queued' AND {column} IS NOT NULL AND name = n.name AND {column} > p.key
+                ORDER BY {column} LIMIT 1
             ) AS x WHERE p.i < %(pairs)s
         )
         SELECT key FROM walk
     ) AS w"""
-# The walk from the random key comes first, the wrapped one after; a pair both find
-# comes twice (its lock is taken again, harmlessly) and the worker keeps it once.
-LIMITED_PAIRS = f"""
+
+
+def _pairs(column: str, namespace: int) -> str:
+    # The walk from the last key of the previous claim comes first, the wrapped one
+    # after; a pair both find comes twice (its lock is taken again, harmlessly) and the
+    # worker keeps it once.
+    walk = _PAIR_WALK.replace("{column}", column)
+    return f"""
 SELECT name, key FROM (
-    {_PAIR_WALK.replace("{start}", ">= %(start)s")}
+    {walk.replace("{start}", ">= %(start)s")}
     UNION ALL
-    {_PAIR_WALK.replace("{start}", "IS NOT NULL")}
+    {walk.replace("{start}", "IS NOT NULL")}
     LIMIT %(pairs)s
 ) AS pairs
-WHERE pg_try_advisory_xact_lock({LOCK_NAMESPACE}, hashtext(name || E'\\x1f' || key))
+WHERE pg_try_advisory_xact_lock({namespace}, hashtext(name || E'\\x1f' || key))
 """
+
+
+LIMITED_PAIRS = _pairs("concurrency_key", LOCK_NAMESPACE)
 CLAIM_LIMITED = """
 UPDATE axa_queue q
 SET status = 'running', started_at = now(), updated_at = now(),
@@ -117,6 +126,55 @@ WHERE q.id = ANY(ARRAY(
 )) AND q.status = 'queued'
 RETURNING q.id, q.name, q.args::text, q.attempts, q.max_attempts, q.backend,
     set_config('synchronous_commit', 'off', true), q.timeout, q.started_at
+"""
+
+# Jobs with a rate limit (at most N starts per period and key, across the fleet): the
+# same pair walk and try-lock over rate_key, then one statement that claims at most one
+# row per pair whose next start is due (its theoretical arrival time, tat, is past) and
+# moves the pair's tat one interval (period / N) on. Starts are spaced evenly, as
+# Celery's rate_limit spaces them, so no window of one period ever holds more than N;
+# there are no bursts. RATE_WAIT then says when the next token of a locked pair falls
+# due, for the dispatcher to wake at.
+RATED_PAIRS = _pairs("rate_key", RATE_NAMESPACE)
+CLAIM_RATED = """
+WITH state AS (
+    SELECT p.name, p.key, p.step, COALESCE(b.tat, '-infinity') AS tat
+    FROM unnest(%(names)s::text[], %(keys)s::text[], %(steps)s::float8[]) AS p(name, key, step)
+    LEFT JOIN axa_rate_bucket b ON b.name = p.name AND b.key = p.key
+), picked AS MATERIALIZED (
+    SELECT c.id, s.name, s.key, s.step FROM state s CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM axa_queue
+        WHERE status = 'queued' AND rate_key = s.key AND name = s.name AND run_at <= now()
+          {queue_filter} {paused}
+        ORDER BY priority DESC, run_at
+        LIMIT CASE WHEN s.tat <= now() THEN 1 ELSE 0 END
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    LIMIT %(limit)s
+), claimed AS (
+    UPDATE axa_queue q
+    SET status = 'running', started_at = now(), updated_at = now(),
+        attempts = LEAST(q.attempts, 2147483646) + 1, worker_id = %(worker)s, cancel_requested = false,
+        run_at = CASE WHEN q.run_at = '-infinity' THEN now() ELSE q.run_at END
+    FROM picked
+    WHERE q.id = picked.id AND q.status = 'queued'
+    RETURNING q.id, q.name, q.args::text, q.attempts, q.max_attempts, q.backend, q.timeout, q.started_at,
+        picked.key AS pair_key, picked.step
+), spent AS (
+    INSERT INTO axa_rate_bucket (name, key, tat)
+    SELECT name, pair_key, now() + make_interval(secs => step) FROM claimed
+    ON CONFLICT (name, key) DO UPDATE SET tat = EXCLUDED.tat
+    RETURNING 1
+)
+SELECT id, name, args, attempts, max_attempts, backend, set_config('synchronous_commit', 'off', true),
+    timeout, started_at, (SELECT count(*) FROM spent)
+FROM claimed
+"""
+RATE_WAIT = """
+SELECT extract(epoch FROM min(b.tat) - now())::float8
+FROM unnest(%(names)s::text[], %(keys)s::text[]) AS p(name, key)
+JOIN axa_rate_bucket b ON b.name = p.name AND b.key = p.key
+WHERE b.tat > now()
 """
 
 # Seconds until the earliest future job this worker could run, or NULL; capped at a

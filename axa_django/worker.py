@@ -255,7 +255,7 @@ class Worker(Connections, Loops, FlowLoops):
                 self._work.put(job)
             if len(jobs) < idle:
                 if self.burst and not jobs:
-                    if settled:
+                    if settled and self._token_due is None:
                         break
                     self._wait(next_housekeeping - time.monotonic())
                     continue
@@ -335,7 +335,7 @@ class Worker(Connections, Loops, FlowLoops):
     def _claim(self, names: list[str], limit: int) -> list[Claimed] | None:
         if not names and not self.backends:
             return []
-        # Jobs with a concurrency limit first (workerflow.py), then the others as ever.
+        # Jobs with a concurrency or rate limit first (workerflow.py), then the others as ever.
         rows = self._claim_limited(names, limit)
         fast = [name for name in names if name not in self._limited_names(names)]
         if len(rows) < limit and (fast or self.backends):
@@ -372,8 +372,8 @@ class Worker(Connections, Loops, FlowLoops):
             return self.poll_interval
         rows = self._execute(self._composed(sql.NEXT_RUN, names), {})
         if not rows or rows[0][0] is None:
-            return self.poll_interval
-        return float(rows[0][0])
+            return self._token_wait(self.poll_interval)
+        return self._token_wait(float(rows[0][0]))
 
     # -- threads -----------------------------------------------------------------
 

@@ -39,53 +39,81 @@ class FlowLoops:
         self._stuck: set[int | None] = set()
         self._replacements = 0
         self._watchdog_wake = threading.Event()
-        self._pair_start = ""  # where the next walk over limited pairs starts: round robin
+        # Where the next walk over limited pairs starts (round robin), per kind of limit.
+        self._pair_start: dict[str, str] = {}
         self._limits: dict[str, int] | None = None
+        self._steps: dict[str, float] = {}
+        self._token_due: float | None = None  # time.monotonic() of the next rate token of a held-back pair
 
-    # -- concurrency limits --------------------------------------------------------
+    # -- concurrency and rate limits ------------------------------------------------
 
-    def _limited_names(self, names: list[str]) -> dict[str, int]:
-        """The names this worker claims that have a concurrency limit, with their limit."""
+    def _keyed(self, names: list[str]) -> tuple[dict[str, int], dict[str, float]]:
+        """This worker's names with a concurrency limit (-> limit) and with a rate limit (-> seconds per start)."""
         if self._limits is None:
             functions = {name: registry.get(name) for name in names}
             self._limits = {n: f.concurrency for n, f in functions.items() if f is not None and f.concurrency}
-        return self._limits
+            self._steps = {n: f.rate.period / f.rate.count for n, f in functions.items() if f is not None and f.rate}
+        return self._limits, self._steps
+
+    def _limited_names(self, names: list[str]) -> set[str]:
+        """Names claimed apart from the plain CLAIM: those with a concurrency or a rate limit."""
+        limits, steps = self._keyed(names)
+        return set(limits) | set(steps)
 
     def _claim_limited(self, names: list[str], limit: int) -> list[tuple[Any, ...]]:
-        """Claim up to ``limit`` rows of jobs with a concurrency limit, each pair within its limit."""
-        limits = self._limited_names(names)
+        """Claim up to ``limit`` rows of jobs with limits, each (name, key) pair within its limit."""
+        limits, steps = self._keyed(names)
+        rows: list[tuple[Any, ...]] = []
+        if limits:
+            rows += self._claim_pairs("concurrency", sql.LIMITED_PAIRS, sql.CLAIM_LIMITED, limits, limit)
+        if steps and len(rows) < limit:
+            rows += self._claim_pairs("rate", sql.RATED_PAIRS, sql.CLAIM_RATED, steps, limit - len(rows))
+        return rows
+
+    def _claim_pairs(
+        self, kind: str, pairs_sql: str, claim_sql: str, caps: dict[str, Any], limit: int
+    ) -> list[tuple[Any, ...]]:
         conn = self._conn
-        if not limits or limit < 1 or conn is None or conn.closed:
+        if limit < 1 or conn is None or conn.closed:
             return []
-        limited = sorted(limits)
-        pairs_sql = self._composed_flow(sql.LIMITED_PAIRS, limited)
-        claim_sql = self._composed_flow(sql.CLAIM_LIMITED, limited)
+        limited = sorted(caps)
+        pairs_sql = self._composed_flow(pairs_sql, limited)
+        claim_sql = self._composed_flow(claim_sql, limited)
         try:
             with conn.transaction(), conn.cursor() as cursor:
-                cursor.execute(pairs_sql, {"start": self._pair_start, "pairs": max(16, 2 * limit)})
+                cursor.execute(pairs_sql, {"start": self._pair_start.get(kind, ""), "pairs": max(16, 2 * limit)})
                 found = list(dict.fromkeys(cursor.fetchall()))  # once each, in walk order
+                self._pair_start[kind] = found[-1][1] if found else ""
                 if not found:
-                    self._pair_start = ""
+                    if kind == "rate":
+                        self._token_due = None
                     return []
-                self._pair_start = found[-1][1]
-                cursor.execute(
-                    claim_sql,
-                    {
-                        "worker": self.id,
-                        "limit": limit,
-                        "names": [name for name, _ in found],
-                        "keys": [key for _, key in found],
-                        "limits": [limits[name] for name, _ in found],
-                    },
-                )
-                return cursor.fetchall()
+                names = [name for name, _ in found]
+                keys = [key for _, key in found]
+                params = {"worker": self.id, "limit": limit, "names": names, "keys": keys}
+                if kind == "rate":
+                    params["steps"] = [caps[name] for name in names]
+                else:
+                    params["limits"] = [caps[name] for name in names]
+                cursor.execute(claim_sql, params)
+                rows = cursor.fetchall()
+                if kind == "rate":
+                    cursor.execute(sql.RATE_WAIT, {"names": names, "keys": keys})
+                    wait = (cursor.fetchone() or (None,))[0]
+                    self._token_due = None if wait is None else time.monotonic() + float(wait)
+                return rows
         except psycopg.Error as error:
-            logger.warning("claiming jobs with concurrency limits failed (%s); trying again shortly", error)
+            logger.warning("claiming jobs with %s limits failed (%s); trying again shortly", kind, error)
             if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
                 self._close(conn)
                 self._conn = None
             self._aborting.wait(0.2)
             return []
+
+    def _token_wait(self, seconds: float) -> float:
+        """``seconds``, or less if a held-back rate-limited job gets its next start sooner."""
+        due = self._token_due
+        return seconds if due is None else max(0.0, min(seconds, due - time.monotonic()))
 
     def _composed_flow(self, template: str, limited: list[str]) -> str:
         key = (template, ("limited", *limited))
@@ -94,7 +122,7 @@ class FlowLoops:
         return self._statements[key]
 
     def _wake_limited(self, conn: psycopg.Connection[Any] | None, batch: list[Any]) -> None:
-        """Limited rows finished: their slots are free, so wake idle workers (every host) to claim."""
+        """Rows with a concurrency limit finished: their slots are free, so wake idle workers (every host)."""
         if not self._limits or conn is None or conn.closed or not self.notify:
             return
         if any(outcome.name in self._limits for outcome in batch):

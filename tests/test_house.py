@@ -11,7 +11,7 @@ from django.db import connection, transaction
 import axa_django
 
 MIGRATIONS = Path(axa_django.__file__).parent / "migrations"
-TABLES = ("axa_queue", "axa_worker", "axa_schedule", "axa_paused_queue")
+TABLES = ("axa_queue", "axa_worker", "axa_schedule", "axa_paused_queue", "axa_rate_bucket")
 PROBE = "axa_house_probe"
 
 # Columns, defaults, indexes and constraints of the app's tables in one schema.
@@ -66,7 +66,7 @@ def test_the_migrated_schema_is_the_models_schema():
         assert migrated[kind] == built[kind], kind
     names = {index.name for model in models for index in model._meta.indexes}
     assert names <= {name for _, name, _ in migrated["indexes"]}
-    assert len(names) == 10
+    assert len(names) == 11
 
 
 @pytest.mark.django_db

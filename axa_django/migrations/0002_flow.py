@@ -1,4 +1,4 @@
-"""Flow control: per-row timeout and limit keys on axa_queue; the axa_paused_queue table."""
+"""Flow control: per-row timeout and limit keys on axa_queue, their claim indexes, rate buckets, paused queues."""
 
 import django.db.models.functions.datetime
 from django.db import migrations, models
@@ -29,6 +29,32 @@ class Migration(migrations.Migration):
                 fields=["name", "concurrency_key"],
                 name="axa_queue_limited_running",
             ),
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                models.F("name"),
+                models.F("rate_key"),
+                models.OrderBy(models.F("priority"), descending=True),
+                models.F("run_at"),
+                condition=models.Q(("rate_key__isnull", False), ("status", "queued")),
+                name="axa_queue_claim_rated",
+            ),
+        ),
+        migrations.CreateModel(
+            name="RateBucket",
+            fields=[
+                (
+                    "pk",
+                    models.CompositePrimaryKey(
+                        "name", "key", blank=True, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                ("name", models.TextField()),
+                ("key", models.TextField()),
+                ("tat", models.DateTimeField()),
+            ],
+            options={"db_table": "axa_rate_bucket", "default_permissions": ()},
         ),
         migrations.CreateModel(
             name="QueuePause",

@@ -124,3 +124,15 @@ def wait_for_file(path: str, log: str | None = None) -> str:
     while not os.path.exists(path):
         time.sleep(0.01)
     return "seen"
+
+
+@background_job(rate="5/s", rate_key=lambda api, **_: api)
+def five_per_second(api: str, token: str = "", log: str | None = None) -> str:
+    """Records its start (wall clock) per api key."""
+    mark(log, f"{api} {token} {time.time():.6f}")
+    return token
+
+
+@background_job(rate="2/m")
+def two_per_minute(token: str = "") -> str:
+    return token
