@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db import connections, transaction
 
@@ -84,10 +85,16 @@ def _limits() -> dict[str, list[str]]:
     return found
 
 
-def describe_limits(job: object) -> str:
-    """A job's flow limits in words, e.g. ``timeout 30s``; empty if it has none."""
-    timeout = getattr(getattr(job, "options", None), "timeout", None)
-    return f"timeout {timeout:g}s" if timeout else ""
+def describe_limits(job: Any) -> str:
+    """A job's flow limits in words, e.g. ``timeout 30s, concurrency 1 per key``; empty if it has none."""
+    said = []
+    if job.options.timeout:
+        said.append(f"timeout {job.options.timeout:g}s")
+    if job.concurrency:
+        said.append(f"concurrency {job.concurrency}{' per key' if job.concurrency_key else ''}")
+    if job.rate:
+        said.append(f"rate {job.rate.text}{' per key' if job.rate_key else ''}")
+    return ", ".join(said)
 
 
 def overview(*, using: str | None = None) -> list[QueueInfo]:

@@ -81,7 +81,7 @@ class FlowLoops:
         claim_sql = self._composed_flow(claim_sql, limited)
         try:
             with conn.transaction(), conn.cursor() as cursor:
-                cursor.execute(pairs_sql, {"start": self._pair_start.get(kind, ""), "pairs": max(16, 2 * limit)})
+                cursor.execute(pairs_sql, {"start": self._pair_start.get(kind, ""), "pairs": max(4, limit)})
                 found = list(dict.fromkeys(cursor.fetchall()))  # once each, in walk order
                 self._pair_start[kind] = found[-1][1] if found else ""
                 if not found:

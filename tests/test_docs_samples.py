@@ -80,6 +80,9 @@ SHAPE_ONLY: dict[tuple[str, str], str] = {
     ("docs/workers.md", "python manage.py runworker [--concurrency 4] [--poll-interval 1] [--burst] [--max-jobs N]"): (
         "a synopsis; the forms it shows run from README.md, jobs.md and tasks.md"
     ),
+    ("docs/workers.md", "python manage.py runworker --queue emails:8 --queue default:4"): (
+        "runs until stopped; tests/test_flow_pools.py runs per-queue pools as real subprocesses"
+    ),
 }
 # Blocks run by other tests, and which.
 ELSEWHERE: dict[tuple[str, str], str] = {
@@ -99,6 +102,7 @@ PAGE_TESTS = {
     "docs/admin.md",
     "docs/upgrading.md",
     "docs/performance.md",
+    "docs/flow-control.md",
 }
 
 
@@ -570,3 +574,32 @@ def test_performance_page():
                 check_shell(checked.code)
             else:
                 assert checked.lang == "text" and re.match(r"server: PostgreSQL \d+", checked.code), checked.code
+
+
+@pytest.mark.django_db(transaction=True)
+def test_flow_control_page():
+    from axa_django.models import QueuePause
+    from axa_django.worker import Worker
+
+    with open_page("docs/flow-control.md") as page:
+        jobs = page.module("# shop/jobs.py")
+        assert (jobs.render_invoice.options.timeout, jobs.sync_account.concurrency) == (30, 1)
+        assert (jobs.rebuild_search_index.concurrency, jobs.call_partner.rate.text) == (2, "10/s")
+        assert jobs.call_partner.perform_later("k1", {}).rate_key == "k1"
+        ns = page.run("from shop.jobs import sync_account")
+        assert ns["job"].concurrency_key == "acct:vip"
+        ping = jobs.ping.perform_later("db")
+        Worker(names=[jobs.ping.name], burst=True, install_signals=False).run()
+        ping.refresh_from_db()
+        assert ping.status == "completed" and ping.result.startswith("db until 20")
+        ns = page.run("from axa_django import queues")
+        assert not QueuePause.objects.exists()
+        out = io.StringIO()
+        for argv in check_shell(
+            page.block(
+                "python manage.py queues                                      # queues: ready, running, paused, limits"
+            ).code
+        ):
+            call_command(*argv[1:], stdout=out)
+        text = out.getvalue()
+        assert "queue 'emails' paused" in text and "queue 'emails' resumed" in text and "QUEUE" in text

@@ -137,9 +137,10 @@ def test_bad_keys_are_refused_and_nothing_is_written() -> None:
 
 def test_jobs_without_limits_take_the_plain_claim() -> None:
     worker = Worker(install_signals=False, names=[flow_jobs.unlimited.name])
-    assert worker._limited_names(worker.handler_names()) == {}
+    assert worker._limited_names(worker.handler_names()) == set()
     worker = Worker(install_signals=False)
-    assert worker._limited_names(worker.handler_names())[flow_jobs.one_per_account.name] == 1
+    limits, steps = worker._keyed(worker.handler_names())
+    assert limits[flow_jobs.one_per_account.name] == 1 and steps[flow_jobs.five_per_second.name] == 0.2
 
 
 def _fleet(workers, log: Path, count: int) -> float:

@@ -89,6 +89,9 @@ def test_manage_queues_lists_pauses_and_pauses_and_resumes(capsys: pytest.Captur
     assert "queue 'flow-emails' paused" in out
     line = next(line for line in out.splitlines() if line.startswith("flow-emails"))
     assert line.split()[:3] == ["flow-emails", "2", "0"] and "paused (incident 42)" in line
+    default = next(line for line in out.splitlines() if line.startswith("default "))
+    assert "one_per_account: concurrency 1 per key" in default and "two_per_minute: rate 2/m" in default
+    assert "sleepy: timeout 0.5s" in default
     call_command("queues", "resume", "flow-emails")
     call_command("queues", "resume", "flow-emails")
     out = capsys.readouterr().out

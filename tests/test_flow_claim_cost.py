@@ -1,0 +1,99 @@
+"""Claims stay cheap with limits, rates and pauses in play: buffers each claim touches, read from EXPLAIN ANALYZE.
+
+The table holds 200,000 finished rows and 20,000 ready ones (the issue's 1,000,000 and
+100,000 cost the suite about a minute to build; 200,000 already shows the plan shapes:
+an index walk per name or pair, never a scan). Each claim runs inside a transaction
+that is rolled back. Buffers, not times, are compared: they do not depend on the load.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection
+
+from axa_django import queues, sql
+from axa_django.worker import connect
+from tests.testapp import flow_jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FINISHED, READY = 200_000, 20_000
+U, L, R = flow_jobs.unlimited.name, flow_jobs.one_per_account.name, flow_jobs.five_per_second.name
+
+
+def fill() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO axa_queue (id, name, args, status, queue, concurrency_key, rate_key) "
+            "SELECT gen_random_uuid(), (ARRAY[%s, %s, %s])[1 + i %% 3], '{}', "
+            "CASE WHEN i <= %s THEN 'completed' ELSE 'queued' END, "
+            "CASE WHEN i %% 10 = 0 THEN 'paused-q' ELSE 'default' END, "
+            "CASE WHEN i %% 3 = 1 THEN 'acct:' || (i %% 500) END, CASE WHEN i %% 3 = 2 THEN 'api:' || (i %% 50) END "
+            "FROM generate_series(1, %s) AS i",
+            [U, L, R, FINISHED, FINISHED + READY],
+        )
+        cursor.execute("ANALYZE axa_queue")
+
+
+def buffers(plan: dict[str, Any]) -> int:
+    return int(plan["Shared Hit Blocks"]) + int(plan["Shared Read Blocks"])
+
+
+def explained(cursor: psycopg.Cursor[Any], query: str, params: dict[str, Any]) -> tuple[int, str]:
+    cursor.execute(psycopg.sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + psycopg.sql.SQL(query), params)
+    (document,) = cursor.fetchone()
+    plan = (document if isinstance(document, list) else json.loads(document))[0]["Plan"]
+    return buffers(plan), json.dumps(plan)
+
+
+def claim_cost(query: str, params: dict[str, Any], pairs: tuple[str, dict[str, Any], str] | None = None) -> int:
+    """Buffers of one claim of 10 (for a limited job: its pair walk, then its claim); rolled back."""
+    with connect("default", "test") as conn, conn.transaction(force_rollback=True), conn.cursor() as cursor:
+        total = 0
+        if pairs is not None:
+            pairs_sql, pairs_params, kind = pairs
+            cost, plan = explained(cursor, pairs_sql, pairs_params)
+            assert "Seq Scan" not in plan, plan
+            total += cost
+            cursor.execute(pairs_sql, pairs_params)
+            found = list(dict.fromkeys(cursor.fetchall()))
+            assert found
+            params = {**params, "names": [n for n, _ in found], "keys": [k for _, k in found]}
+            params["limits" if kind == "concurrency" else "steps"] = [1 if kind == "concurrency" else 0.2] * len(found)
+        cost, plan = explained(cursor, query, params)
+        assert (
+            "Seq Scan on axa_queue " not in plan
+            and '"Seq Scan", "Parallel Aware": false, "Async Capable": false, "Relation Name": "axa_queue"' not in plan
+        ), plan
+        return total + cost
+
+
+def test_claims_with_limits_rates_and_pauses_touch_at_most_twice_the_buffers_of_the_plain_claim() -> None:
+    fill()
+    params = {"worker": None, "limit": 10}
+    plain = claim_cost(sql.compose(sql.CLAIM, [U], [], None), params)
+    walk = {"start": "", "pairs": 10}
+    limited = claim_cost(
+        sql.compose(sql.CLAIM_LIMITED, [L], [], None, [L]),
+        params,
+        (sql.compose(sql.LIMITED_PAIRS, [L], [], None, [L]), walk, "concurrency"),
+    )
+    rated = claim_cost(
+        sql.compose(sql.CLAIM_RATED, [R], [], None, [R]),
+        params,
+        (sql.compose(sql.RATED_PAIRS, [R], [], None, [R]), walk, "rate"),
+    )
+    queues.pause("paused-q")
+    paused_plain = claim_cost(sql.compose(sql.CLAIM, [U], [], None), params)
+    paused_queue_worker = claim_cost(sql.compose(sql.CLAIM, [U], [], ["paused-q", "default"]), params)
+    print(
+        f"\nbuffers per claim of 10 ({FINISHED:,} finished, {READY:,} ready): plain {plain}, "
+        f"concurrency {limited}, rate {rated}, plain with a paused queue {paused_plain}, "
+        f"--queue worker with one of its queues paused {paused_queue_worker}"
+    )
+    assert limited <= 2 * plain and rated <= 2 * plain
+    assert paused_plain <= 2 * plain and paused_queue_worker <= 2 * plain
