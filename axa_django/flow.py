@@ -21,6 +21,8 @@ SHARED = ""
 _RATE = re.compile(r"^\s*([0-9]+)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$")
 _PERIODS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0, "h": 3600.0, "hour": 3600.0}
 MAX_LIMIT = 2**31 - 1
+# Keys are index entries and lock names: short, as job names are.
+MAX_KEY_LENGTH = 200
 
 
 @dataclass(frozen=True)
@@ -87,4 +89,11 @@ def compute_key(key: Callable[..., Any], arguments: dict[str, Any], what: str, j
         raise TypeError(f"job {job!r}: the {what} function returned {value!r}, not a str; nothing was enqueued")
     if not value:
         raise ValueError(f"job {job!r}: the {what} function returned an empty string; return a non-empty key")
+    return check_key(value, what)
+
+
+def check_key(value: str, what: str) -> str:
+    """A key a row can carry: printable, at most MAX_KEY_LENGTH characters."""
+    if len(value) > MAX_KEY_LENGTH:
+        raise ValueError(f"{what} is {len(value)} characters long; the limit is {MAX_KEY_LENGTH}")
     return check_text(value, what.replace("_", " "))

@@ -134,6 +134,8 @@ def check_flow(options: Options) -> None:
                 raise TypeError(f"{what} must be a str, not {type(key).__name__}")
             if not key:
                 raise ValueError(f"{what} must not be empty")
+            if len(key) > 200:  # flow.MAX_KEY_LENGTH (flow sits above this module)
+                raise ValueError(f"{what} is {len(key)} characters long; the limit is 200")
             check_text(key, what.replace("_", " "))
 
 

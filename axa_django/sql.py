@@ -177,6 +177,16 @@ JOIN axa_rate_bucket b ON b.name = p.name AND b.key = p.key
 WHERE b.tat > now()
 """
 
+# Rows of limited jobs written without a key get the job's shared key ('');
+# housekeeping, at most 1,000 rows a time.
+ADOPT_UNKEYED = """
+UPDATE axa_queue SET {column} = '' WHERE id = ANY(ARRAY(
+    SELECT id FROM axa_queue WHERE status = 'queued' AND name = ANY(%(names)s::text[]) AND {column} IS NULL
+    LIMIT 1000 FOR UPDATE SKIP LOCKED
+))
+RETURNING id
+"""
+
 # Seconds until the earliest future job this worker could run, or NULL; capped at a
 # day so that a row with run_at = 'infinity' cannot make an infinite wait.
 NEXT_RUN = """

@@ -323,6 +323,7 @@ class Worker(Connections, Loops, FlowLoops):
         if time.monotonic() >= self._next_rescue:
             self._next_rescue = time.monotonic() + interval
             self._rescue()
+            self._adopt_unkeyed(self.handler_names())
         if time.monotonic() >= self._next_unhandled:
             self._next_unhandled = time.monotonic() + unhandled.CHECK_SECONDS
             rows = self._execute(sql.UNHANDLED, unhandled.params(self.lease), bounded=True)

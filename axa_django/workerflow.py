@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import threading
 import time
 from typing import Any
@@ -110,6 +111,19 @@ class FlowLoops:
             self._aborting.wait(0.2)
             return []
 
+    def _adopt_unkeyed(self, names: list[str]) -> None:
+        """Give rows of limited jobs written without a key (by SQL, the seed, another service) the shared key.
+
+        The limited claims walk keyed rows only, and the plain claim leaves limited names
+        alone: unkeyed rows would otherwise wait forever.
+        """
+        limits, steps = self._keyed(names)
+        for column, limited in (("concurrency_key", sorted(limits)), ("rate_key", sorted(steps))):
+            if limited:
+                rows = self._execute(sql.ADOPT_UNKEYED.format(column=column), {"names": limited}, bounded=True)
+                if rows:
+                    logger.info("gave %d row(s) of limited jobs without a %s the job's shared key", len(rows), column)
+
     def _token_wait(self, seconds: float) -> float:
         """``seconds``, or less if a held-back rate-limited job gets its next start sooner."""
         due = self._token_due
@@ -133,8 +147,9 @@ class FlowLoops:
 
     def _watch(self, job: Claimed, function: Any, timeout: float | None, started_at: Any) -> None:
         """Give a just-claimed attempt its timer: the row's timeout, else its job's."""
-        if timeout is None and job.backend is None and function is not None:
-            timeout = function.options.timeout
+        if not (isinstance(timeout, float) and 0 < timeout < math.inf):
+            # None, or a value only a hand-written row can hold (NaN, negative): the job's own.
+            timeout = function.options.timeout if job.backend is None and function is not None else None
         if not timeout:
             return
         job.watch = Watch(job.name, job.attempt, float(timeout), time.monotonic() + timeout)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import datetime
+import json
 import signal
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
 from axa_django import Job, background_job
 from axa_django.worker import Worker
@@ -171,3 +173,31 @@ def test_six_workers_hold_every_key_to_its_limit_and_run_every_job_once(workers,
     assert all(peak <= 3 for (name, _), peak in peaks.items() if name == "three"), peaks
     assert Job.objects.exclude(status="completed").count() == 0
     print(f"\n6 workers x 4 threads, 1,200 limited jobs over 12 keys: {seconds:.2f}s; peaks {sorted(peaks.values())}")
+
+
+def test_rows_written_by_sql_without_a_key_or_with_odd_timeouts_still_run(tmp_path) -> None:
+    log = tmp_path / "log"
+    with connection.cursor() as cursor:
+        for name, args, timeout in [
+            (flow_jobs.one_per_account.name, {"account_id": 1, "token": "k1", "log": str(log)}, None),
+            (flow_jobs.five_per_second.name, {"api": "z", "token": "r1"}, None),
+            (flow_jobs.unlimited.name, {"token": "u1"}, -1.0),
+            (flow_jobs.unlimited.name, {"token": "u2"}, float("nan")),
+            (flow_jobs.unlimited.name, {"token": "u3"}, float("inf")),
+        ]:
+            cursor.execute(
+                "INSERT INTO axa_queue (id, name, args, timeout) VALUES (gen_random_uuid(), %s, %s, %s)",
+                [name, json.dumps(args), timeout],
+            )
+    burst()
+    assert set(Job.objects.values_list("status", flat=True)) == {"completed"}
+    assert Job.objects.get(name=flow_jobs.one_per_account.name).concurrency_key == ""
+
+
+def test_a_key_too_long_for_an_index_entry_is_refused() -> None:
+    with pytest.raises(ValueError, match="the limit is 200"):
+        flow_jobs.one_per_account.using(concurrency_key="k" * 201).perform_later(1)
+    long_key = background_job(name="flow.long", concurrency=1, concurrency_key=lambda **_: "k" * 5000)(flow_jobs.mark)
+    with pytest.raises(ValueError, match="the limit is 200"):
+        long_key.perform_later("p", "t")
+    assert not Job.objects.exists()
