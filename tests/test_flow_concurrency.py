@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from axa_django import Job, background_job
 from axa_django.worker import Worker
@@ -103,7 +104,9 @@ def test_a_dead_workers_slot_comes_back_with_its_lease(workers, tmp_path) -> Non
     second.refresh_from_db()
     lost = next(entry for entry in first.errors if entry["type"] == "WorkerLost")
     # The second job got the key's one slot only once the dead worker's row was rescued.
-    assert second.started_at >= datetime.datetime.fromisoformat(lost["at"])
+    started = second.started_at
+    started = started if timezone.is_aware(started) else timezone.make_aware(started)  # USE_TZ = False
+    assert started >= datetime.datetime.fromisoformat(lost["at"])
     assert first.attempts == 2
 
 
