@@ -185,6 +185,14 @@ SET status = 'queued', started_at = NULL, worker_id = NULL, run_at = now(), upda
 WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running' AND worker_id = %(worker)s
 """
 
+# Give back rows claimed ahead that no thread started (a stopping worker): queued as
+# before the claim, the attempt it counted taken back.
+UNCLAIM = """
+UPDATE axa_queue
+SET status = 'queued', started_at = NULL, worker_id = NULL, attempts = GREATEST(attempts - 1, 0), updated_at = now()
+WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running' AND worker_id = %(worker)s
+"""
+
 UNREGISTER = "DELETE FROM axa_worker WHERE id = %(worker)s"
 
 WAKE = "SELECT pg_notify('axa_queue', '')"
