@@ -76,6 +76,9 @@ logger = logging.getLogger("axa_django")
 # concurrency or longer gets no row claimed ahead of it.
 PREFETCH_HORIZON = 0.02
 PREFETCH_PER_THREAD = 8
+# A job claimed ahead and started longer ago than this gets its started_at written
+# before its outcome; shorter jobs have it written with the outcome, at no cost.
+MARK_AFTER = 0.05
 
 
 class Worker(Connections, Loops):
@@ -143,6 +146,7 @@ class Worker(Connections, Loops):
         self._in_flight: dict[uuid.UUID, Claimed] = {}
         self._unwritten = 0
         self._job_seconds: float | None = None  # moving average of a job's run time
+        self._starts: dict[uuid.UUID, float] = {}  # claimed-ahead jobs started, started_at not yet written
         self._conn: psycopg.Connection[Any] | None = None
         self._threads: list[threading.Thread] = []
         self._signals = 0
@@ -239,6 +243,8 @@ class Worker(Connections, Loops):
             now = time.monotonic()
             if now >= next_housekeeping:
                 next_housekeeping = now + self._housekeep()
+            if self._starts:
+                self._mark_started()
             if self.max_jobs is not None and claimed_total >= self.max_jobs and not self._in_flight:
                 break
             self._wake.clear()
@@ -254,7 +260,8 @@ class Worker(Connections, Loops):
             # queued again) must get another claim before a burst worker exits.
             settled = not self._in_flight and not self._unwritten
             self._wake.clear()
-            jobs = self._claim(names, room)
+            free = self.concurrency - (len(self._in_flight) - self._work.qsize())
+            jobs = self._claim(names, room, ahead=room > free)
             if jobs is None:  # database trouble: already logged and backed off
                 continue
             claimed_total += len(jobs)
@@ -315,6 +322,8 @@ class Worker(Connections, Loops):
         return max(0.05, self.lease / 3)
 
     def _wait(self, timeout: float) -> None:
+        if self._starts:
+            timeout = min(timeout, MARK_AFTER)
         self._wake.wait(max(0.0, min(timeout, self.poll_interval)))
 
     # -- database steps ----------------------------------------------------------
@@ -364,15 +373,16 @@ class Worker(Connections, Loops):
             interval = max(0.01, min(interval, soonest))
         return interval
 
-    def _claim(self, names: list[str], limit: int) -> list[Claimed] | None:
+    def _claim(self, names: list[str], limit: int, ahead: bool = False) -> list[Claimed] | None:
+        """Claim up to ``limit`` rows; ``ahead``: more than there are free threads, started_at left for later."""
         if not names and not self.backends:
             return []
-        rows = self._execute(self._composed(sql.CLAIM, names), {"worker": self.id, "limit": limit})
+        rows = self._execute(self._composed(sql.CLAIM, names), {"worker": self.id, "limit": limit, "ahead": ahead})
         if rows is None:
             return None
         jobs = [
-            Claimed(job_id, name, None, attempt, max_attempts, backend, args_json=args)
-            for job_id, name, args, attempt, max_attempts, backend, _ in rows
+            Claimed(job_id, name, None, attempt, max_attempts, backend, args_json=args, unmarked=unmarked)
+            for job_id, name, args, attempt, max_attempts, backend, unmarked, _ in rows
         ]
         with self._lock:
             for job in jobs:
@@ -382,6 +392,20 @@ class Worker(Connections, Loops):
                     job.context = JobContext(job.id, job.name, job.attempt, self.id)
                 self._in_flight[job.id] = job
         return jobs
+
+    def _mark_started(self) -> None:
+        """Write started_at of claimed-ahead jobs running past MARK_AFTER: a lost worker then costs them an attempt."""
+        cutoff = time.time() - MARK_AFTER
+        with self._lock:
+            due = {job_id: at for job_id, at in self._starts.items() if at <= cutoff}
+            for job_id in due:
+                del self._starts[job_id]
+        if (
+            due
+            and self._execute(sql.MARK_STARTED, {"ids": list(due), "at": list(due.values()), "worker": self.id}) is None
+        ):
+            with self._lock:
+                self._starts.update(due)  # try again at the next turn
 
     def _composed(self, template: str, names: list[str]) -> str:
         # Names, backends and queues do not change while the worker runs; sent as

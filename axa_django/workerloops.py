@@ -46,6 +46,10 @@ class Loops:
             while (job := self._work.get()) is not None:
                 runner, function = None, None
                 started = time.monotonic()
+                if job.unmarked:
+                    job_start = time.time()
+                    with self._lock:
+                        self._starts[job.id] = job_start
                 try:
                     if job.context is not None and job.context.is_cancelled():
                         # Cancelled while claimed ahead, before any thread took it.
@@ -59,6 +63,10 @@ class Loops:
                 average = self._job_seconds
                 # A benign race between threads: the average only sizes the claim-ahead.
                 self._job_seconds = seconds if average is None else 0.8 * average + 0.2 * seconds
+                if job.unmarked:
+                    outcome.started = job_start
+                    with self._lock:
+                        self._starts.pop(job.id, None)  # the outcome writes it
                 if self.log_attempts:
                     status, delay = outcome.status, outcome.delay
                     attempt_line(job.name, job.id, job.attempt, job.max_attempts, seconds, status, delay)
