@@ -500,7 +500,8 @@ class Worker(Connections, Loops):
                 ids.append(job.id)
         if not ids:
             return
-        self._execute(sql.UNCLAIM, {"ids": ids, "worker": self.id})
+        if self._execute(sql.UNCLAIM, {"ids": ids, "worker": self.id}) is not None:
+            logger.info("gave %d job(s) claimed ahead back to the queue, unstarted", len(ids))
         with self._lock:
             for job_id in ids:
                 self._in_flight.pop(job_id, None)
