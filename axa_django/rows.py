@@ -29,11 +29,22 @@ _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 # Later than this, now() + delay leaves PostgreSQL's timestamp range.
 MAX_DELAY = datetime.timedelta(days=3_650_000)
 
-# Columns read back into a Job, in model order.
+# A Job's fields, in model order. An INSERT reads back only what the database chose
+# (the times); the rest is what was sent or a column default of a fresh row.
 _FIELDS = [f.attname for f in Job._meta.concrete_fields]
-_RETURNING = ", ".join(Job._meta.get_field(f).column for f in _FIELDS)
-# Django loads jsonb as text and decodes it in JSONField.from_db_value.
-_CONVERTERS = [getattr(Job._meta.get_field(f), "from_db_value", None) for f in _FIELDS]
+_READ_BACK = ["run_at", "created_at", "updated_at"]
+_RETURNING = ", ".join(_READ_BACK)
+_FRESH: dict[str, Any] = {
+    "status": "queued",
+    "error": None,
+    "started_at": None,
+    "attempts": 0,
+    "worker_id": None,
+    "finished_at": None,
+    "errors": [],
+    "result": None,
+    "cancel_requested": False,
+}
 _COLUMNS = "id, name, args, queue, priority, run_at, max_attempts, unique_key, backend"
 # run_at: the given time, else the enqueue time + delay, else the enqueue time, from the
 # database clock. The enqueue time is statement_timestamp(), the created_at default
@@ -151,13 +162,12 @@ def _params(name: str, args: dict[str, Any], options: Options) -> list[Any]:
     ]
 
 
-def _build(row: Sequence[Any], using: str) -> Job:
-    connection = connections[using]
-    values = [
-        convert(value, None, connection) if convert and value is not None else value
-        for convert, value in zip(_CONVERTERS, row, strict=True)
-    ]
-    return Job.from_db(using, _FIELDS, values)
+def _build(params: list[Any], args: dict[str, Any], times: Sequence[Any], using: str) -> Job:
+    job_id, name, _, queue, priority, _, _, _, max_attempts, unique_key, backend = params
+    known = dict(_FRESH, errors=[], id=job_id, name=name, args=args, queue=queue, priority=priority)
+    known.update(max_attempts=max_attempts, unique_key=unique_key, backend=backend)
+    known.update(zip(_READ_BACK, times, strict=True))
+    return Job.from_db(using, _FIELDS, [known[field] for field in _FIELDS])
 
 
 def write(name: str, args: dict[str, Any], options: Options, sender: Sender) -> Job:
@@ -181,7 +191,7 @@ def write(name: str, args: dict[str, Any], options: Options, sender: Sender) -> 
         if options.on_duplicate == "raise":
             raise DuplicateJob(existing)
         return existing
-    job = _build(row, using)
+    job = _build(params, args, row, using)
     job_enqueued.send(sender=sender, job=job)
     return job
 

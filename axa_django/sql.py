@@ -27,6 +27,7 @@ import psycopg.sql
 # dead worker held without starting is queued again without losing an attempt. A row
 # with history (an error, a rescue) is marked at once, so that a job that kills its
 # worker still costs an attempt from its second try on and cannot loop for ever.
+# RETURNING comes in no particular order: the worker sorts by priority and run_at.
 CLAIM = """
 UPDATE axa_queue q
 SET status = 'running', updated_at = now(),
@@ -39,7 +40,7 @@ WHERE q.id = ANY(ARRAY(
     LIMIT %(limit)s
 )) AND q.status = 'queued'
 RETURNING q.id, q.name, q.args::text, q.attempts, q.max_attempts, q.backend, q.started_at IS NULL,
-    set_config('synchronous_commit', 'off', true)
+    q.priority, q.run_at, set_config('synchronous_commit', 'off', true)
 """
 _NAME_WALK = """
     SELECT c.id, c.priority, c.run_at FROM unnest({names}::text[]) AS n(name)

@@ -243,7 +243,9 @@ def run_jobs(
             cursor.execute(statement, {"worker": None, "limit": ROUND_SIZE, "ahead": False, **params})
             claimed = [
                 Claimed(job_id, job_name_, None, attempt, max_attempts, backend, args_json=args)
-                for job_id, job_name_, args, attempt, max_attempts, backend, _, _ in cursor.fetchall()
+                for job_id, job_name_, args, attempt, max_attempts, backend, *_ in sorted(
+                    cursor.fetchall(), key=lambda r: (-r[7], r[8])
+                )
             ]
             if not claimed:
                 break

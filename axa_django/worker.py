@@ -380,9 +380,10 @@ class Worker(Connections, Loops):
         rows = self._execute(self._composed(sql.CLAIM, names), {"worker": self.id, "limit": limit, "ahead": ahead})
         if rows is None:
             return None
+        rows.sort(key=lambda row: (-row[7], row[8]))  # the claim's own order: threads take the best first
         jobs = [
             Claimed(job_id, name, None, attempt, max_attempts, backend, args_json=args, unmarked=unmarked)
-            for job_id, name, args, attempt, max_attempts, backend, unmarked, _ in rows
+            for job_id, name, args, attempt, max_attempts, backend, unmarked, *_ in rows
         ]
         with self._lock:
             for job in jobs:
