@@ -12,12 +12,13 @@ is dropped.
 from __future__ import annotations
 
 import ctypes
+import datetime
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from .context import JobTimeout, timeout_text
+from .context import JobContext, JobTimeout, timeout_text
 
 
 def _raise_in(ident: int, exception: type[BaseException] | None) -> None:
@@ -29,11 +30,21 @@ def _raise_in(ident: int, exception: type[BaseException] | None) -> None:
 class Watch:
     """The timeout of one attempt, shared by its job thread and the watchdog."""
 
-    def __init__(self, name: str, attempt: int, timeout: float, deadline: float) -> None:
+    def __init__(
+        self,
+        name: str,
+        attempt: int,
+        timeout: float,
+        claimed_at: datetime.datetime | None = None,
+        context: JobContext | None = None,
+    ) -> None:
         self.name = name
         self.attempt = attempt
         self.timeout = timeout
-        self.deadline = deadline  # time.monotonic()
+        # The clock starts when a thread starts the job (a row may be claimed ahead and wait).
+        self.deadline: float | None = None  # time.monotonic()
+        self._claimed = (time.monotonic(), claimed_at)  # the claim, on both clocks
+        self._context = context
         self.fired_at: float | None = None
         self.abandoned = False
         self._settled = False
@@ -72,14 +83,19 @@ class Watch:
             return True
 
     def enter(self) -> None:
-        """The job thread starts the job's code (past the deadline already: time out now)."""
+        """The job thread starts the job's code: the attempt's clock starts now."""
         with self._lock:
             self._inside = self.thread_ident = threading.get_ident()
-            late = time.monotonic() >= self.deadline and self.fired_at is None
-            if late:
-                self.fired_at = time.monotonic()
-        if late:
-            raise JobTimeout(self.message)
+            if self.deadline is None:
+                now = time.monotonic()
+                self.deadline = now + self.timeout
+                context = self._context
+                if context is not None:
+                    context.timeout = self.timeout
+                    context._deadline_monotonic = self.deadline
+                    monotonic_claim, claimed_at = self._claimed
+                    if claimed_at is not None:  # the database's clock at the claim, carried on
+                        context.deadline = claimed_at + datetime.timedelta(seconds=now - monotonic_claim + self.timeout)
 
     def leave(self) -> bool:
         """The job's code has returned or raised; True if it timed out meanwhile."""

@@ -145,19 +145,15 @@ class FlowLoops:
             except psycopg.Error as error:
                 logger.warning("could not wake workers after limited jobs finished (%s)", error)
 
-    def _watch(self, job: Claimed, function: Any, timeout: float | None, started_at: Any) -> None:
+    def _watch(self, job: Claimed, function: Any, timeout: float | None, claimed_at: Any) -> None:
         """Give a just-claimed attempt its timer: the row's timeout, else its job's."""
         if not (isinstance(timeout, float) and 0 < timeout < math.inf):
             # None, or a value only a hand-written row can hold (NaN, negative): the job's own.
             timeout = function.options.timeout if job.backend is None and function is not None else None
         if not timeout:
             return
-        job.watch = Watch(job.name, job.attempt, float(timeout), time.monotonic() + timeout)
-        if job.context is not None:
-            job.context.timeout = float(timeout)
-            job.context._deadline_monotonic = job.watch.deadline
-            if isinstance(started_at, datetime.datetime):
-                job.context.deadline = started_at + datetime.timedelta(seconds=timeout)
+        claimed = claimed_at if isinstance(claimed_at, datetime.datetime) else None
+        job.watch = Watch(job.name, job.attempt, float(timeout), claimed, job.context)
         self._watchdog_wake.set()
 
     def _watchdog_loop(self) -> None:
@@ -169,6 +165,8 @@ class FlowLoops:
             for job in watched:
                 watch = job.watch
                 assert watch is not None
+                if watch.deadline is None:
+                    continue  # not started yet (claimed ahead): its clock has not started
                 if watch.fired_at is None:
                     if now >= watch.deadline:
                         logger.warning("job %s %s: %s", job.name, job.id, watch.message)
@@ -193,6 +191,8 @@ class FlowLoops:
         )
         outcome = failure(job, registry.get(job.name), error, self.id)
         with self._lock:
+            if job.unmarked:  # claimed ahead: the outcome writes when it started
+                outcome.started = self._starts.pop(job.id, None) or time.time()
             self._unwritten += 1
             self._in_flight.pop(job.id, None)
             self.processed += 1

@@ -74,7 +74,7 @@ def claim_cost(query: str, params: dict[str, Any], pairs: tuple[str, dict[str, A
 
 def test_claims_with_limits_rates_and_pauses_touch_at_most_twice_the_buffers_of_the_plain_claim() -> None:
     fill()
-    params = {"worker": None, "limit": 10}
+    params = {"worker": None, "limit": 10, "ahead": False}
     plain = claim_cost(sql.compose(sql.CLAIM, [U], [], None), params)
     walk = {"start": "", "pairs": 10}
     limited = claim_cost(

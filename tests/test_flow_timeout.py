@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from axa_django import Job, JobTimeout
+from axa_django import Job
 from axa_django.timeouts import Watch
 from axa_django.worker import Worker
 from tests.conftest import wait_for
@@ -77,7 +77,8 @@ def test_the_context_exposes_the_deadline_from_the_database_clock() -> None:
     job = reloaded(job)
     timeout, deadline = job.result
     assert job.status == "completed" and timeout == 0.5
-    assert math.isclose(deadline, job.started_at.timestamp() + 0.5, abs_tol=1e-3)
+    # The database's clock at the claim, plus the moments before a thread started it, plus 0.5 s.
+    assert 0 <= deadline - (job.started_at.timestamp() + 0.5) < 1
 
 
 @pytest.mark.parametrize("bad", [0, -1, math.nan, math.inf, "5", True, 10**12])
@@ -90,14 +91,14 @@ def test_a_bad_timeout_is_refused_at_decoration_and_at_using(bad: object) -> Non
 
 
 def test_a_watch_never_raises_outside_the_jobs_code() -> None:
-    watch = Watch("j", 1, 0.1, deadline=float("inf"))
+    watch = Watch("j", 1, 0.1)
     watch.fire()  # no thread inside the job's code: nothing to raise in
     assert watch.leave() is True and watch.abandon() is True and watch.settle() is False
-    settled = Watch("j", 1, 0.1, deadline=float("inf"))
+    settled = Watch("j", 1, 0.1)
     assert settled.settle() is True and settled.abandon() is False
-    late = Watch("j", 1, 0.1, deadline=0.0)
-    with pytest.raises(JobTimeout):
-        late.enter()
+    assert settled.deadline is None  # the clock starts with the job, not the claim
+    settled.enter()
+    assert settled.deadline is not None and settled.leave() is False
 
 
 @pytest.fixture
