@@ -73,6 +73,9 @@ def test_rows_carry_their_key_and_using_can_set_it() -> None:
     assert flow_jobs.two_at_once.perform_later().concurrency_key == ""
     assert flow_jobs.one_per_account.using(concurrency_key="vip").perform_later(7).concurrency_key == "vip"
     assert flow_jobs.unlimited.perform_later().concurrency_key is None
+    many = flow_jobs.one_per_account.using(timeout=2.5).perform_later_many([{"account_id": 8}, {"account_id": 9}])
+    written = Job.objects.filter(pk__in=[job.pk for job in many]).values_list("concurrency_key", "timeout")
+    assert sorted(written) == [("acct:8", 2.5), ("acct:9", 2.5)]
 
 
 def test_a_held_back_key_does_not_block_other_keys_behind_it(workers, tmp_path) -> None:
