@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from . import registry, sql
+from . import registry, sql, sqlflow
 from .context import JobTimeout
 from .execution import Claimed, failure
 from .timeouts import Watch
@@ -66,9 +66,9 @@ class FlowLoops:
         limits, steps = self._keyed(names)
         rows: list[tuple[Any, ...]] = []
         if limits:
-            rows += self._claim_pairs("concurrency", sql.LIMITED_PAIRS, sql.CLAIM_LIMITED, limits, limit)
+            rows += self._claim_pairs("concurrency", sqlflow.LIMITED_PAIRS, sqlflow.CLAIM_LIMITED, limits, limit)
         if steps and len(rows) < limit:
-            rows += self._claim_pairs("rate", sql.RATED_PAIRS, sql.CLAIM_RATED, steps, limit - len(rows))
+            rows += self._claim_pairs("rate", sqlflow.RATED_PAIRS, sqlflow.CLAIM_RATED, steps, limit - len(rows))
         return rows
 
     def _claim_pairs(
@@ -99,7 +99,7 @@ class FlowLoops:
                 cursor.execute(claim_sql, params)
                 rows = cursor.fetchall()
                 if kind == "rate":
-                    cursor.execute(sql.RATE_WAIT, {"names": names, "keys": keys})
+                    cursor.execute(sqlflow.RATE_WAIT, {"names": names, "keys": keys})
                     wait = (cursor.fetchone() or (None,))[0]
                     self._token_due = None if wait is None else time.monotonic() + float(wait)
                 return rows
@@ -120,7 +120,7 @@ class FlowLoops:
         limits, steps = self._keyed(names)
         for column, limited in (("concurrency_key", sorted(limits)), ("rate_key", sorted(steps))):
             if limited:
-                rows = self._execute(sql.ADOPT_UNKEYED.format(column=column), {"names": limited}, bounded=True)
+                rows = self._execute(sqlflow.ADOPT_UNKEYED.format(column=column), {"names": limited}, bounded=True)
                 if rows:
                     logger.info("gave %d row(s) of limited jobs without a %s the job's shared key", len(rows), column)
 

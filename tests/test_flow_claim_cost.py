@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from axa_django import queues, sql
+from axa_django import queues, sql, sqlflow
 from axa_django.worker import connect
 from tests.testapp import flow_jobs
 
@@ -78,14 +78,14 @@ def test_claims_with_limits_rates_and_pauses_touch_at_most_twice_the_buffers_of_
     plain = claim_cost(sql.compose(sql.CLAIM, [U], [], None), params)
     walk = {"start": "", "pairs": 10}
     limited = claim_cost(
-        sql.compose(sql.CLAIM_LIMITED, [L], [], None, [L]),
+        sql.compose(sqlflow.CLAIM_LIMITED, [L], [], None, [L]),
         params,
-        (sql.compose(sql.LIMITED_PAIRS, [L], [], None, [L]), walk, "concurrency"),
+        (sql.compose(sqlflow.LIMITED_PAIRS, [L], [], None, [L]), walk, "concurrency"),
     )
     rated = claim_cost(
-        sql.compose(sql.CLAIM_RATED, [R], [], None, [R]),
+        sql.compose(sqlflow.CLAIM_RATED, [R], [], None, [R]),
         params,
-        (sql.compose(sql.RATED_PAIRS, [R], [], None, [R]), walk, "rate"),
+        (sql.compose(sqlflow.RATED_PAIRS, [R], [], None, [R]), walk, "rate"),
     )
     queues.pause("paused-q")
     paused_plain = claim_cost(sql.compose(sql.CLAIM, [U], [], None), params)

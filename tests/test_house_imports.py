@@ -15,6 +15,7 @@ ORDER = [
     "conf",
     "arguments",
     "sql",
+    "sqlflow",
     "signals",
     "context",
     "timeouts",
