@@ -51,7 +51,7 @@ from .workerdb import (
     keepalives,
     task_backend_aliases,
 )
-from .workerflow import FlowLoops
+from .workerflow import ADOPT_SECONDS, FlowLoops
 from .workerloops import Loops, unstorable
 
 __all__ = [
@@ -367,6 +367,8 @@ class Worker(Connections, Loops, FlowLoops):
         if time.monotonic() >= self._next_rescue:
             self._next_rescue = time.monotonic() + interval
             self._rescue()
+        if time.monotonic() >= self._next_adopt:
+            self._next_adopt = time.monotonic() + ADOPT_SECONDS
             self._adopt_unkeyed(self.handler_names())
         if time.monotonic() >= self._next_unhandled:
             self._next_unhandled = time.monotonic() + unhandled.CHECK_SECONDS

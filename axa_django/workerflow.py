@@ -28,6 +28,9 @@ logger = logging.getLogger("axa_django")
 
 # How often the watchdog looks when no deadline is nearer (it also wakes at each claim).
 TICK = 0.5
+# How often rows of limited jobs written without a key are looked for: each look walks
+# the queued rows of those jobs, so not at every housekeeping.
+ADOPT_SECONDS = 60.0
 
 
 class FlowLoops:
@@ -44,7 +47,8 @@ class FlowLoops:
         self._pair_start: dict[str, str] = {}
         self._limits: dict[str, int] | None = None
         self._steps: dict[str, float] = {}
-        self._token_due: float | None = None  # time.monotonic() of the next rate token of a held-back pair
+        self._token_due: float | None = None
+        self._next_adopt = 0.0  # time.monotonic() of the next rate token of a held-back pair
 
     # -- concurrency and rate limits ------------------------------------------------
 
