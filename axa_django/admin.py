@@ -29,7 +29,7 @@ from .admin_display import (
     yes_no,
 )
 from .admin_lists import JobChangeList, NameFilter, QueueFilter, _registered_queues, refuse_nul, search_jobs
-from .models import FailedJob, Job, QueueDashboard
+from .models import FailedJob, Job, QueueDashboard, QueuePause
 from .pagination import EstimatedCountPaginator
 
 __all__ = [
@@ -333,6 +333,8 @@ class QueueDashboardAdmin(admin.ModelAdmin):
                 for row in unhandled.find()
             ],
             "jobs_url": jobs_url,
+            "paused": list(QueuePause.objects.all()),
+            "paused_url": reverse("admin:axa_django_queuepause_changelist", current_app=self.admin_site.name),
             "failed_url": reverse("admin:axa_django_failedjob_changelist", current_app=self.admin_site.name),
             **(extra_context or {}),
         }

@@ -157,3 +157,12 @@ def test_admin_without_the_permission_cannot_pause_or_resume() -> None:
     viewer.post(changelist, {"action": "resume_queues", "_selected_action": ["flow-emails"]})
     assert QueuePause.objects.exists()
     assert admin_user().get(changelist).status_code == 403
+
+
+def test_the_dashboard_lists_paused_queues() -> None:
+    queues.pause("flow-emails", "smtp <down>")
+    html = admin_user("view_job").get(reverse("admin:axa_django_queuedashboard_changelist")).content.decode()
+    assert 'id="axa-paused"' in html and "flow-emails" in html and "smtp &lt;down&gt;" in html
+    queues.resume("flow-emails")
+    html = admin_user("view_job").get(reverse("admin:axa_django_queuedashboard_changelist")).content.decode()
+    assert 'id="axa-paused"' not in html
