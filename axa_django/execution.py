@@ -18,7 +18,7 @@ import psycopg
 from asgiref.sync import async_to_sync
 from django.db import connections
 
-from . import conf, sql
+from . import conf, dependencies, sql
 from .arguments import ArgumentsMismatch, encode, prepare_call
 from .attempts import RAISE_INLINE, Attempt, JobFailed, Recorder
 from .context import JobCancelled, JobContext, run_cancellable
@@ -181,7 +181,24 @@ def finish(cursor: psycopg.Cursor[Any], outcomes: list[Outcome], worker_id: uuid
             "worker": worker_id,
         },
     )
-    return {row[0] for row in cursor.fetchall()}
+    written = {row[0] for row in cursor.fetchall()}
+    if len(written) < len(outcomes):  # jobs with children (or rescued meanwhile): see dependencies.py
+        written |= dependencies.finish_parents(cursor, sql.FINISH_PARENTS, unwritten(outcomes, written, worker_id))
+    return written
+
+
+def unwritten(outcomes: list[Outcome], written: set[uuid.UUID], worker_id: uuid.UUID | None) -> dict[str, Any]:
+    """FINISH's parameters for the outcomes not in ``written``."""
+    left = [o for o in outcomes if o.id not in written]
+    return {
+        "ids": [o.id for o in left],
+        "statuses": [o.status for o in left],
+        "errors": [o.error for o in left],
+        "results": [o.result for o in left],
+        "entries": [o.entry for o in left],
+        "delays": [o.delay for o in left],
+        "worker": worker_id,
+    }
 
 
 def run_inline(job: Any, function: Any) -> None:

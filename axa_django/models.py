@@ -9,7 +9,7 @@ from django.db import IntegrityError, connections, models, transaction
 from django.db.models.functions import Now
 from psycopg.types.json import Jsonb
 
-from . import sql
+from . import dependencies, sql
 
 # One row of sql.RETRY: the job's id, whether it was queued again, and else the job holding its key.
 Row = tuple[uuid.UUID, bool, uuid.UUID | None]
@@ -40,7 +40,10 @@ def _retry_rows(using: str, statement: str, params: Any) -> list[Row] | None:
     try:
         with transaction.atomic(using=using), connections[using].cursor() as cursor:
             cursor.execute(statement, params)
-            return list(cursor.fetchall())
+            rows = list(cursor.fetchall())
+            # The descendants this job's failure cancelled wait for it again.
+            dependencies.revive(cursor, [job_id for job_id, retried, _ in rows if retried])
+            return rows
     except IntegrityError as error:
         if _key_conflict(error):
             return None
@@ -104,10 +107,25 @@ class JobQuerySet(models.QuerySet["Job"]):
         return result
 
     def cancel(self) -> int:
-        """Cancel queued jobs and ask running ones to stop; return how many changed."""
-        queued = self.filter(status=Job.Status.QUEUED).update(
-            status=Job.Status.CANCELLED, finished_at=Now(), updated_at=Now()
+        """Cancel queued and waiting jobs (and the descendants waiting on them) and ask running ones to stop.
+
+        Return how many of these jobs changed.
+        """
+        subquery, params = (
+            self.filter(status__in=[Job.Status.QUEUED, Job.Status.WAITING])
+            .order_by()
+            .values("id")
+            .query.sql_with_params()
         )
+        with transaction.atomic(using=self.db), connections[self.db].cursor() as cursor:
+            cursor.execute(
+                "UPDATE axa_queue SET status = 'cancelled', finished_at = now(), updated_at = now() "
+                f"WHERE id IN ({subquery}) AND status IN ('queued', 'waiting') RETURNING id, has_children",
+                params,
+            )
+            rows = cursor.fetchall()
+            dependencies.settle(cursor, [job_id for job_id, has_children in rows if has_children])
+        queued = len(rows)
         # Flag running jobs and NOTIFY their workers in one statement; the worker's
         # heartbeat relays the flag too, for workers that do not listen.
         subquery, params = (
@@ -159,6 +177,7 @@ class Job(models.Model):
     """One job: a row of ``axa_queue``."""
 
     class Status(models.TextChoices):
+        WAITING = "waiting"
         QUEUED = "queued"
         RUNNING = "running"
         COMPLETED = "completed"
@@ -188,6 +207,12 @@ class Job(models.Model):
     unique_key = models.TextField(null=True, blank=True)
     cancel_requested = models.BooleanField(db_default=False)
     backend = models.TextField(null=True, blank=True)
+    # Workflows (dependencies.py): parents not yet finished, whether any job names this
+    # one in after=, what to do when a parent fails (NULL: cancel), and the group.
+    pending_parents = models.IntegerField(db_default=0)
+    has_children = models.BooleanField(db_default=False)
+    on_parent_failure = models.TextField(null=True, blank=True)
+    workflow_id = models.UUIDField(null=True, blank=True)
 
     objects = JobQuerySet.as_manager()
 
@@ -239,6 +264,9 @@ class Job(models.Model):
             models.Index(fields=["status", "-created_at"], name="axa_queue_status"),
             # Serves the admin's job list, newest first, without sorting the whole table.
             models.Index(fields=["-created_at"], name="axa_queue_created"),
+            models.Index(
+                fields=["workflow_id"], name="axa_queue_workflow", condition=models.Q(workflow_id__isnull=False)
+            ),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -269,6 +297,56 @@ class Job(models.Model):
         if self.started_at and self.finished_at:
             return self.finished_at - self.started_at
         return None
+
+
+class Dependency(models.Model):
+    """An edge of a workflow: ``child`` runs once ``parent`` has finished; ``done`` once that was counted."""
+
+    id = models.BigAutoField(primary_key=True)
+    parent_id = models.UUIDField()
+    child_id = models.UUIDField()
+    done = models.BooleanField(db_default=False)
+
+    class Meta:
+        db_table = "axa_dependency"
+        constraints = [models.UniqueConstraint(fields=["parent_id", "child_id"], name="axa_dependency_edge")]
+        indexes = [models.Index(fields=["child_id"], name="axa_dependency_child")]
+
+    def __str__(self) -> str:
+        return f"{self.parent_id} -> {self.child_id}"
+
+
+class Workflow(models.Model):
+    """A named group of jobs written together: a ``workflow()`` or a ``batch()``."""
+
+    class Kind(models.TextChoices):
+        WORKFLOW = "workflow"
+        BATCH = "batch"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    kind = models.TextField(choices=Kind, default=Kind.WORKFLOW)
+    name = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "axa_workflow"
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name or self.id}"
+
+    def jobs(self) -> JobQuerySet:
+        """The jobs of this group, callbacks included."""
+        return Job.objects.using(self._state.db).filter(workflow_id=self.id)
+
+    def counts(self) -> dict[str, int]:
+        """Jobs of this group by status (every status, 0 where none)."""
+        found = dict(self.jobs().order_by().values_list("status").annotate(n=models.Count("id")))
+        return {status: found.get(status, 0) for status in Job.Status.values}
+
+    def cancel(self) -> int:
+        """Cancel every job of this group not yet finished; return how many changed."""
+        return self.jobs().cancel()
 
 
 class Worker(models.Model):

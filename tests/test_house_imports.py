@@ -26,6 +26,7 @@ ORDER = [
     "checks",
     "pruning",
     "unhandled",
+    "dependencies",
     # The tables.
     "models",
     # Writing rows (enqueue), then running them.
