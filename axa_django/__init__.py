@@ -4,13 +4,24 @@ from typing import TYPE_CHECKING, Any
 
 from .context import JobCancelled, JobContext
 
-__all__ = ["DuplicateJob", "Job", "JobCancelled", "JobContext", "background_job", "enqueue", "enqueue_many"]
+__all__ = [
+    "DuplicateJob",
+    "Job",
+    "JobCancelled",
+    "JobContext",
+    "background_job",
+    "batch",
+    "enqueue",
+    "enqueue_many",
+    "workflow",
+]
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from .models import Job
     from .registry import background_job, enqueue, enqueue_many
     from .rows import DuplicateJob
+    from .workflows import batch, workflow
 
 
 def __getattr__(name: str) -> Any:
@@ -23,6 +34,10 @@ def __getattr__(name: str) -> Any:
         from . import registry
 
         return getattr(registry, name)
+    if name in ("batch", "workflow"):
+        from . import workflows
+
+        return getattr(workflows, name)
     if name == "DuplicateJob":
         from .rows import DuplicateJob
 

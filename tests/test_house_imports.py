@@ -35,6 +35,7 @@ ORDER = [
     # @background_job and the django.tasks backend.
     "registry",
     "backends",
+    "workflows",
     "cron",
     "selection",
     "taskrunner",

@@ -6,9 +6,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from django.db import connection
 
-from axa_django import Job
+from axa_django import Job, batch, workflow
+from axa_django.models import Dependency
 from tests.conftest import wait_for
 from tests.testapp import workflow_jobs as wj
 
@@ -41,3 +41,172 @@ def test_a_child_waits_for_its_parent_and_runs_after_it(workers, log_file):
     wait_for(drained(a, b), what="both done")
     assert statuses([a, b]) == ["completed", "completed"]
     assert lines(log_file) == ["start a", "end a", "start b", "end b"]
+
+
+def order_ok(log, before: str, after: str) -> bool:
+    found = lines(log)
+    return found.index(f"end {before}") < found.index(f"start {after}")
+
+
+def test_a_diamond_runs_in_dependency_order_each_job_once(workers, log_file):
+    with workflow("diamond") as wf:
+        a = wf.add(wj.step, "a", log_file)
+        b = wf.add(wj.step, "b", log_file, seconds=0.2, after=[a])
+        c = wf.add(wj.step, "c", log_file, after=[a])
+        d = wf.add(wj.step, "d", log_file, after=[b, c])
+    assert [j.status for j in (a, b, c, d)] == ["queued", "waiting", "waiting", "waiting"]
+    assert Job.objects.get(pk=d.pk).pending_parents == 2
+    workers.start("--concurrency", "4")
+    wait_for(drained(a, b, c, d), what="diamond done")
+    assert statuses([a, b, c, d]) == ["completed"] * 4
+    assert sorted(lines(log_file)) == sorted(f"{w} {t}" for t in "abcd" for w in ("start", "end"))
+    assert order_ok(log_file, "a", "b") and order_ok(log_file, "a", "c")
+    assert order_ok(log_file, "b", "d") and order_ok(log_file, "c", "d")
+    assert wf.workflow.counts()["completed"] == 4
+
+
+def test_a_three_level_tree_runs_parents_before_children(workers, log_file):
+    root = wj.step.perform_later("r", log_file)
+    mids = wj.step.using(after=[root]).perform_later_many([{"token": f"m{i}", "log": log_file} for i in range(3)])
+    leaves = [
+        wj.step.using(after=[mid]).perform_later_many([{"token": f"l{i}{k}", "log": log_file} for k in range(2)])
+        for i, mid in enumerate(mids)
+    ]
+    everything = [root, *mids, *[leaf for group in leaves for leaf in group]]
+    assert {j.status for j in everything[1:]} == {"waiting"}
+    workers.start("--concurrency", "3")
+    wait_for(drained(*everything), what="tree done")
+    assert set(statuses(everything)) == {"completed"}
+    found = lines(log_file)
+    assert len(found) == 2 * len(everything)  # each job ran once
+    for i in range(3):
+        assert order_ok(log_file, "r", f"m{i}")
+        for k in range(2):
+            assert order_ok(log_file, f"m{i}", f"l{i}{k}")
+
+
+def test_a_dependency_on_a_completed_job_is_satisfied_at_once():
+    parent = wj.noop.perform_later(1)
+    Job.objects.filter(pk=parent.pk).update(status="completed")
+    child = wj.noop.using(after=[parent]).perform_later(2)
+    assert child.status == "queued" and child.pending_parents == 0
+    assert Job.objects.get(pk=parent.pk).has_children
+
+
+def test_a_dependency_on_a_missing_job_is_refused_and_nothing_is_written():
+    parent = wj.noop.perform_later(1)
+    ghost = uuid.uuid4()
+    before = Job.objects.count()
+    with pytest.raises(ValueError, match=f"do not exist: {ghost}"):
+        wj.noop.using(after=[parent, ghost]).perform_later_many([{"i": i} for i in range(3)])
+    with pytest.raises(ValueError, match="do not exist"):
+        with workflow("broken") as wf:
+            a = wf.add(wj.noop, 1)
+            wf.add(wj.noop, 2, after=[a, ghost])
+    assert Job.objects.count() == before
+    assert not Job.objects.get(pk=parent.pk).has_children
+    assert not Dependency.objects.exists()
+
+
+def test_after_refuses_what_is_not_a_job_before_any_sql():
+    with pytest.raises(TypeError, match=r"after=\[0\]: expected a job"):
+        wj.noop.using(after=[42])
+    with pytest.raises(ValueError, match="is not a job id"):
+        wj.noop.using(after=["'; DROP TABLE axa_queue; --"])
+    with pytest.raises(ValueError, match="on_parent_failure must be"):
+        wj.noop.using(after=[], on_parent_failure="maybe")
+    with pytest.raises(ValueError, match="cannot have a unique key"):
+        wj.noop.using(after=[uuid.uuid4()], unique_key="k")
+    with pytest.raises(TypeError, match="takes a list"):
+        wj.noop.using(after=3.5)
+
+
+def test_a_cycle_cannot_be_formed_a_job_waiting_for_a_later_one_is_refused():
+    # A job can only name jobs that already exist (or were added before it in the same
+    # workflow): its own id, or a later job's, is unknown when it is written.
+    with pytest.raises(ValueError, match="do not exist"):
+        with workflow("cycle") as wf:
+            a = wf.add(wj.noop, 1)
+            b = wf.add(wj.noop, 2, after=[a])
+            wf.jobs[0] = a  # the handles are plain rows-to-be; re-pointing a at b is the only way round
+            wf._items[0] = (wf._items[0][0], wf._items[0][1], wf._items[0][2].__class__(after=(b.pk,)), a.pk)
+    assert not Job.objects.exists()
+
+
+def test_a_failed_parent_cancels_its_descendants_and_run_children_run_anyway(workers, log_file):
+    with workflow("failing") as wf:
+        a = wf.add(wj.step, "a", log_file, fail=True)
+        b = wf.add(wj.step, "b", log_file, after=[a])
+        c = wf.add(wj.step, "c", log_file, after=[b])
+        d = wf.add(wj.step, "d", log_file, after=[a], on_parent_failure="run")
+        e = wf.add(wj.step, "e", log_file, after=[b], on_parent_failure="run")
+    Job.objects.filter(pk=a.pk).update(max_attempts=1)
+    workers.start("--concurrency", "2")
+    wait_for(drained(a, b, c, d, e), what="settled")
+    assert statuses([a, b, c, d, e]) == ["failed", "cancelled", "cancelled", "completed", "completed"]
+    assert Job.objects.get(pk=b.pk).error == f"ParentFailed: parent job {a.pk} ended failed, so this job was cancelled"
+    assert (
+        Job.objects.get(pk=c.pk).error == f"ParentFailed: parent job {b.pk} ended cancelled, so this job was cancelled"
+    )
+    assert "start b" not in lines(log_file) and "start c" not in lines(log_file)
+
+
+def test_retrying_a_failed_parent_revives_its_cancelled_descendants(workers, log_file):
+    with workflow("retry") as wf:
+        a = wf.add(wj.fail_once, "a", log_file)
+        b = wf.add(wj.step, "b", log_file, after=[a])
+        c = wf.add(wj.step, "c", log_file, after=[b])
+    workers.start("--concurrency", "2")
+    wait_for(drained(a, b, c), what="first failure")
+    assert statuses([a, b, c]) == ["failed", "cancelled", "cancelled"]
+    assert Job.objects.filter(pk=a.pk).retry() == 1
+    assert statuses([b, c]) == ["waiting", "waiting"]
+    wait_for(lambda: statuses([a, b, c]) == ["completed"] * 3, what="revived chain")
+    assert lines(log_file) == ["start a", "start a", "end a", "start b", "end b", "start c", "end c"]
+
+
+def test_cancelling_a_workflow_cancels_everything_not_finished():
+    with workflow("cancel me") as wf:
+        a = wf.add(wj.noop, 1)
+        b = wf.add(wj.noop, 2, after=[a])
+        wf.add(wj.noop, 3, after=[b])
+    other = wj.noop.perform_later(4)
+    assert wf.cancel() == 3
+    assert set(wf.workflow.jobs().values_list("status", flat=True)) == {"cancelled"}
+    assert status(other) == "queued"
+
+
+def test_cancelling_a_waiting_job_cancels_its_descendants():
+    a = wj.noop.perform_later(1)
+    b = wj.noop.using(after=[a]).perform_later(2)
+    c = wj.noop.using(after=[b]).perform_later(3)
+    d = wj.noop.using(after=[b], on_parent_failure="run").perform_later(4)
+    assert b.cancel()
+    assert statuses([a, b, c, d]) == ["queued", "cancelled", "cancelled", "queued"]
+
+
+def test_a_killed_parent_is_rescued_and_its_children_wait_then_run_once(workers, log_file):
+    parent = wj.step.using(max_attempts=3).perform_later("p", log_file, seconds=60)
+    children = wj.step.using(after=[parent]).perform_later_many([{"token": f"k{i}", "log": log_file} for i in range(3)])
+    first = workers.start("--concurrency", "1")
+    wait_for(lambda: "start p" in lines(log_file), what="parent running")
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    Job.objects.filter(pk=parent.pk).update(args={"token": "p", "log": log_file})  # quick second run
+    assert statuses(children) == ["waiting"] * 3
+    workers.start("--concurrency", "2")
+    wait_for(drained(parent, *children), timeout=60, what="rescued parent and children")
+    assert statuses([parent, *children]) == ["completed"] * 4
+    found = lines(log_file)
+    assert found.count("start p") == 2 and all(found.count(f"start k{i}") == 1 for i in range(3))
+    assert found.index("end p") < min(found.index(f"start k{i}") for i in range(3))
+
+
+def test_a_child_reads_its_parents_results(workers, log_file):
+    a = wj.noop.perform_later(1)
+    b = wj.noop.perform_later(2)
+    child = wj.gather.using(after=[a, b]).perform_later(log_file)
+    workers.start("--concurrency", "2")
+    wait_for(drained(a, b, child), what="gathered")
+    assert Job.objects.get(pk=child.pk).result == [1, 2]
+    assert lines(log_file) == ["gather [1, 2]"]
