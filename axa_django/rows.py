@@ -344,7 +344,7 @@ def write_children(
             job = _build(cursor.fetchone(), using)
             result.append(job)
     if not full:
-        for row, options, args in prepared:
+        for row, _options, args in prepared:
             job_id = row[0]
             values = [job_id, row[1], args, statuses[job_id], row[3], row[4], row[8], row[9], row[10]]
             result.append(Job.from_db(using, _BULK_FIELDS, values))

@@ -84,7 +84,7 @@ class _Group:
         return Job.objects.using(conf.queue_database()).filter(workflow_id=self.id).cancel()
 
 
-class workflow(_Group):  # noqa: N801 - used as ``with workflow("name") as wf``
+class workflow(_Group):
     """A named group of jobs with dependencies between them; every row commits together at the block's end.
 
     ``wf.add(job, *args, after=[...], on_parent_failure="cancel", **kwargs)`` adds a
@@ -106,8 +106,8 @@ class workflow(_Group):  # noqa: N801 - used as ``with workflow("name") as wf``
         return self._add(function, args, kwargs, after=ids, on_parent_failure=on_parent_failure)
 
 
-class batch(_Group):  # noqa: N801 - used as ``with batch(on_complete=...) as b``
-    """Jobs written together; ``on_complete`` runs once all have finished (any outcome), ``on_failure`` once if any failed.
+class batch(_Group):
+    """Jobs written together; ``on_complete`` runs once all finished (any outcome), ``on_failure`` once if any failed.
 
     Each callback is a @background_job (with its ``.using(...)`` options) called as
     ``callback(batch_id=..., counts={status: n, ...})``; a batch of no jobs runs

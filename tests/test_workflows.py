@@ -1,13 +1,12 @@
 """Workflows: dependencies (after=), fan-out/fan-in, workflow() and batch(), with real workers."""
 
 import signal
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from axa_django import Job, batch, workflow
+from axa_django import Job, workflow
 from axa_django.models import Dependency
 from tests.conftest import wait_for
 from tests.testapp import workflow_jobs as wj
@@ -99,10 +98,9 @@ def test_a_dependency_on_a_missing_job_is_refused_and_nothing_is_written():
     before = Job.objects.count()
     with pytest.raises(ValueError, match=f"do not exist: {ghost}"):
         wj.noop.using(after=[parent, ghost]).perform_later_many([{"i": i} for i in range(3)])
-    with pytest.raises(ValueError, match="do not exist"):
-        with workflow("broken") as wf:
-            a = wf.add(wj.noop, 1)
-            wf.add(wj.noop, 2, after=[a, ghost])
+    with pytest.raises(ValueError, match="do not exist"), workflow("broken") as wf:
+        a = wf.add(wj.noop, 1)
+        wf.add(wj.noop, 2, after=[a, ghost])
     assert Job.objects.count() == before
     assert not Job.objects.get(pk=parent.pk).has_children
     assert not Dependency.objects.exists()
@@ -124,12 +122,11 @@ def test_after_refuses_what_is_not_a_job_before_any_sql():
 def test_a_cycle_cannot_be_formed_a_job_waiting_for_a_later_one_is_refused():
     # A job can only name jobs that already exist (or were added before it in the same
     # workflow): its own id, or a later job's, is unknown when it is written.
-    with pytest.raises(ValueError, match="do not exist"):
-        with workflow("cycle") as wf:
-            a = wf.add(wj.noop, 1)
-            b = wf.add(wj.noop, 2, after=[a])
-            wf.jobs[0] = a  # the handles are plain rows-to-be; re-pointing a at b is the only way round
-            wf._items[0] = (wf._items[0][0], wf._items[0][1], wf._items[0][2].__class__(after=(b.pk,)), a.pk)
+    with pytest.raises(ValueError, match="do not exist"), workflow("cycle") as wf:
+        a = wf.add(wj.noop, 1)
+        b = wf.add(wj.noop, 2, after=[a])
+        wf.jobs[0] = a  # the handles are plain rows-to-be; re-pointing a at b is the only way round
+        wf._items[0] = (wf._items[0][0], wf._items[0][1], wf._items[0][2].__class__(after=(b.pk,)), a.pk)
     assert not Job.objects.exists()
 
 
