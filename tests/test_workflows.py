@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from axa_django import Job, workflow
+from axa_django import Job, batch, workflow
 from axa_django.models import Dependency
 from tests.conftest import wait_for
 from tests.testapp import workflow_jobs as wj
@@ -207,3 +207,82 @@ def test_a_child_reads_its_parents_results(workers, log_file):
     wait_for(drained(a, b, child), what="gathered")
     assert Job.objects.get(pk=child.pk).result == [1, 2]
     assert lines(log_file) == ["gather [1, 2]"]
+
+
+def callback_rows(b) -> dict[str, Job]:
+    found = {}
+    for job in Job.objects.filter(workflow_id=b.id, name="axa_django.batch_callback"):
+        found[job.args["kind"]] = job
+    return found
+
+
+def test_a_batch_runs_on_complete_once_with_counts_and_on_failure_once_if_any_failed(workers, log_file):
+    with batch("orders", on_complete=wj.batch_report.using(queue="reports"), on_failure=wj.batch_alert) as b:
+        for i in range(4):
+            b.add(wj.step, f"o{i}", log_file, fail=i == 2)
+    Job.objects.filter(workflow_id=b.id, name=wj.step.name).update(max_attempts=1)
+    callbacks = callback_rows(b)
+    assert callbacks["complete"].queue == "reports" and callbacks["complete"].status == "waiting"
+    workers.start("--concurrency", "2", "--queue", "default", "--queue", "reports")
+    wait_for(drained(*callbacks.values()), what="callbacks")
+    done = {kind: Job.objects.get(pk=job.pk) for kind, job in callbacks.items()}
+    counts = done["complete"].result["counts"]
+    assert done["complete"].status == "completed" and done["complete"].result["report"] == str(b.id)
+    assert (counts["completed"], counts["failed"], counts["total"]) == (3, 1, 4)
+    assert done["failure"].status == "completed" and done["failure"].result["alert"] == str(b.id)
+    assert b.workflow.counts()["completed"] == 5 and b.workflow.kind == "batch"
+
+
+def test_a_batch_without_failures_does_not_call_on_failure(workers):
+    with batch(on_complete=wj.batch_report, on_failure=wj.batch_alert) as b:
+        b.add(wj.noop, 1)
+        b.add(wj.noop, 2)
+    callbacks = callback_rows(b)
+    workers.start("--concurrency", "2")
+    wait_for(drained(*callbacks.values()), what="callbacks")
+    assert Job.objects.get(pk=callbacks["failure"].pk).result == {
+        "called": False,
+        "reason": "no job of the batch failed",
+    }
+    assert Job.objects.get(pk=callbacks["complete"].pk).result["counts"]["completed"] == 2
+
+
+def test_a_batch_of_no_jobs_queues_on_complete_at_once():
+    with batch(on_complete=wj.batch_report, on_failure=wj.batch_alert) as b:
+        pass
+    callbacks = callback_rows(b)
+    assert list(callbacks) == ["complete"] and callbacks["complete"].status == "queued"
+
+
+def test_batch_and_workflow_refuse_bad_input_and_write_nothing():
+    with pytest.raises(TypeError, match="must be a @background_job"):
+        batch(on_complete=print)
+    with pytest.raises(TypeError, match=r"cannot be called as .*batch_id=\.\.\., counts=\.\.\."):
+        batch(on_complete=wj.noop)
+    with pytest.raises(TypeError, match="takes a context"):
+        batch(on_failure=wj.gather)
+    with pytest.raises(TypeError, match="takes a @background_job"), workflow("x") as wf:
+        wf.add(print, 1)
+    with pytest.raises(TypeError, match="job '.*noop'"), workflow("x") as wf:
+        wf.add(wj.noop, 1, 2, 3)
+    with pytest.raises(ValueError, match="unprintable"):
+        workflow("bad\x00name")
+    with pytest.raises(RuntimeError, match="inside 'with"):
+        wf.add(wj.noop, 1)
+    with pytest.raises(ZeroDivisionError), batch(on_complete=wj.batch_report) as b:
+        b.add(wj.noop, 1)
+        1 / 0  # noqa: B018
+    assert not Job.objects.exists()
+
+
+def test_workflows_and_batches_run_in_immediate_mode(settings):
+    settings.AXA_DJANGO = {"MODE": "immediate"}
+    with workflow("inline") as wf:
+        a = wf.add(wj.noop, 1)
+        b = wf.add(wj.noop, 2, after=[a])
+        c = wf.add(wj.gather, "/dev/null", after=[a, b])
+    assert statuses([a, b, c]) == ["completed"] * 3
+    assert Job.objects.get(pk=c.pk).result == [1, 2]
+    with batch(on_complete=wj.batch_report) as bt:
+        bt.add(wj.noop, 3)
+    assert Job.objects.get(workflow_id=bt.id, name="axa_django.batch_callback").result["counts"]["completed"] == 1
