@@ -263,7 +263,7 @@ def test_batch_and_workflow_refuse_bad_input_and_write_nothing():
         batch(on_failure=wj.gather)
     with pytest.raises(TypeError, match="takes a @background_job"), workflow("x") as wf:
         wf.add(print, 1)
-    with pytest.raises(TypeError, match="job '.*noop'"), workflow("x") as wf:
+    with pytest.raises(TypeError, match=r"job '.*noop'"), workflow("x") as wf:
         wf.add(wj.noop, 1, 2, 3)
     with pytest.raises(ValueError, match="unprintable"):
         workflow("bad\x00name")

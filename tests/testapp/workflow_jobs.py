@@ -57,3 +57,15 @@ def batch_report(batch_id: str, counts: dict[str, int]) -> dict[str, Any]:
 @background_job
 def batch_alert(batch_id: str, counts: dict[str, int]) -> dict[str, Any]:
     return {"alert": batch_id, "counts": counts}
+
+
+@background_job
+def until(at: float, token: str = "") -> str:
+    """Sleep until the wall-clock time ``at``, so that jobs on several workers end together."""
+    time.sleep(max(0.0, at - time.time()))
+    return token
+
+
+@background_job
+def fan_in(log: str) -> None:
+    _mark(log, "fan-in")
