@@ -29,16 +29,25 @@ from .admin_display import (
     yes_no,
 )
 from .admin_lists import JobChangeList, NameFilter, QueueFilter, _registered_queues, refuse_nul, search_jobs
+from .admin_workflows import JobWorkflowFields, WorkflowAdmin
 from .models import FailedJob, Job, QueueDashboard
 from .pagination import EstimatedCountPaginator
 
-__all__ = ["FailedJobAdmin", "JobAdmin", "QueueDashboardAdmin", "error_line", "format_duration", "status_badge"]
+__all__ = [
+    "FailedJobAdmin",
+    "JobAdmin",
+    "QueueDashboardAdmin",
+    "WorkflowAdmin",
+    "error_line",
+    "format_duration",
+    "status_badge",
+]
 
 TIME_FIELDS = ("created_full", "run_at_full", "started_full", "finished_full", "updated_full", "duration_shown")
 
 
 @admin.register(Job)
-class JobAdmin(JobActions):
+class JobAdmin(JobWorkflowFields, JobActions):
     """All jobs: list, read-only detail, retry, cancel and delete, each behind its permission."""
 
     change_list_template = "admin/axa_django/job/change_list.html"
@@ -87,6 +96,7 @@ class JobAdmin(JobActions):
         "unique_key",
         "cancel_requested_shown",
         "backend",
+        *JobWorkflowFields.workflow_fields,
     )
 
     # Permissions: always Job's, also when this admin serves a proxy model.
@@ -116,6 +126,9 @@ class JobAdmin(JobActions):
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         """May this user cancel jobs (``axa_django.cancel_job``)."""
         return self._has(request, "cancel")
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [*super().get_fieldsets(request, obj), *self.workflow_fieldset(obj)]
 
     # The list.
 

@@ -14,6 +14,8 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
+from . import sql
+
 FINISHED = ("completed", "failed", "cancelled")
 POLICIES = ("cancel", "run")
 # Error text of a child cancelled because a parent did not complete; revive looks for it.
@@ -90,12 +92,15 @@ SELECT NULL, 'woken' FROM (
 ) AS n
 """
 
-# Bring back the descendants a failed parent cancelled, now that it is queued again: they
-# wait again, counting every parent that has not completed (the retried one among them).
-REVIVE = f"""
-WITH RECURSIVE down(id) AS (
-    SELECT q.id FROM axa_dependency d JOIN axa_queue q ON q.id = d.child_id
-    WHERE d.parent_id = ANY(%(ids)s::uuid[]) AND q.status = 'cancelled' AND q.error LIKE '{PARENT_FAILED}:%%'
+# RETRY (sql.py), also bringing back the descendants a retried job's failure cancelled:
+# they wait again, counting every parent that has not completed (the retried one among
+# them), in the same statement, so a retry is still one UPDATE.
+_REVIVE = f"""
+), down(id) AS (
+    SELECT q.id FROM retried r
+    JOIN axa_dependency d ON d.parent_id = r.id
+    JOIN axa_queue q ON q.id = d.child_id
+    WHERE q.status = 'cancelled' AND q.error LIKE '{PARENT_FAILED}:%%'
     UNION
     SELECT q.id FROM down
     JOIN axa_dependency d ON d.parent_id = down.id
@@ -105,15 +110,18 @@ WITH RECURSIVE down(id) AS (
     UPDATE axa_dependency d SET done = false
     FROM axa_queue p
     WHERE d.child_id IN (SELECT id FROM down) AND p.id = d.parent_id AND p.status <> 'completed' AND d.done
-    RETURNING d.child_id
+), revived AS (
+    UPDATE axa_queue q
+    SET status = 'waiting', error = NULL, finished_at = NULL, updated_at = now(),
+        pending_parents = (SELECT count(*) FROM axa_dependency d JOIN axa_queue p ON p.id = d.parent_id
+                           WHERE d.child_id = q.id AND p.status <> 'completed')
+    WHERE q.id IN (SELECT id FROM down) AND q.status = 'cancelled'
 )
-UPDATE axa_queue q
-SET status = 'waiting', error = NULL, finished_at = NULL, updated_at = now(),
-    pending_parents = (SELECT count(*) FROM axa_dependency d JOIN axa_queue p ON p.id = d.parent_id
-                       WHERE d.child_id = q.id AND p.status <> 'completed')
-WHERE q.id IN (SELECT id FROM down) AND q.status = 'cancelled'
-RETURNING q.id, (SELECT count(*) FROM reset)
+SELECT id, true, NULL::uuid FROM retried
 """
+_TAIL = "\n)\nSELECT id, true, NULL::uuid FROM retried\n"
+assert sql.RETRY.startswith("\nWITH candidate AS") and _TAIL in sql.RETRY, "sql.RETRY changed shape"
+RETRY = sql.RETRY.replace("\nWITH candidate AS", "\nWITH RECURSIVE candidate AS", 1).replace(_TAIL, _REVIVE, 1)
 
 
 def parent_ids(after: Any) -> tuple[uuid.UUID, ...]:
@@ -160,15 +168,6 @@ def settle(cursor: Any, ids: Iterable[uuid.UUID]) -> list[tuple[uuid.UUID, str]]
         return []
     cursor.execute(SETTLE, {"ids": ids})
     return [(row[0], row[1]) for row in cursor.fetchall() if row[0] is not None]
-
-
-def revive(cursor: Any, ids: Iterable[uuid.UUID]) -> list[uuid.UUID]:
-    """Make the descendants of retried jobs ``ids`` that their failure cancelled wait again; return their ids."""
-    ids = list(ids)
-    if not ids:
-        return []
-    cursor.execute(REVIVE, {"ids": ids})
-    return [row[0] for row in cursor.fetchall()]
 
 
 def finish_parents(cursor: Any, statement: str, params: dict[str, Any]) -> set[uuid.UUID]:

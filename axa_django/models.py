@@ -40,10 +40,7 @@ def _retry_rows(using: str, statement: str, params: Any) -> list[Row] | None:
     try:
         with transaction.atomic(using=using), connections[using].cursor() as cursor:
             cursor.execute(statement, params)
-            rows = list(cursor.fetchall())
-            # The descendants this job's failure cancelled wait for it again.
-            dependencies.revive(cursor, [job_id for job_id, retried, _ in rows if retried])
-            return rows
+            return list(cursor.fetchall())
     except IntegrityError as error:
         if _key_conflict(error):
             return None
@@ -54,7 +51,7 @@ def _retry_one(using: str, job_id: uuid.UUID) -> list[Row]:
     """Retry one job; if its key is taken meanwhile, report the job holding it (None once that one is gone)."""
     holder = None
     for _ in range(3):
-        rows = _retry_rows(using, sql.RETRY.format(candidates="WHERE q.id = %s"), [job_id])
+        rows = _retry_rows(using, dependencies.RETRY.format(candidates="WHERE q.id = %s"), [job_id])
         if rows is not None:
             return rows
         key = Job.objects.using(using).filter(pk=job_id).values("name", "unique_key").first()
@@ -85,7 +82,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         with it, the latest failure first) stays failed and is listed in ``skipped``.
         """
         subquery, params = self.filter(status=Job.Status.FAILED).order_by().values("id").query.sql_with_params()
-        statement = sql.RETRY.format(candidates=f"WHERE q.id IN ({subquery})")
+        statement = dependencies.RETRY.format(candidates=f"WHERE q.id IN ({subquery})")
         # Only a concurrent enqueue or retry that took a key after this statement's
         # snapshot can conflict; run again, and it sees that job as the holder.
         for _ in range(3):

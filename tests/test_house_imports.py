@@ -51,6 +51,7 @@ ORDER = [
     "admin_display",
     "admin_lists",
     "admin_actions",
+    "admin_workflows",
     "admin",
     "management",
     "management.commands",
@@ -67,6 +68,11 @@ LAZY = {
     ("", "models"),
     ("", "registry"),
     ("", "rows"),
+    ("", "workflows"),
+    ("apps", "workflows"),
+    # JobContext loads with the package (settings.py); parent_results needs the settings.
+    ("context", "conf"),
+    ("context", "django"),
     # Django may build the tasks backend while apps load (@task in a models module).
     ("backends", "models"),
     ("backends", "rows"),
