@@ -91,6 +91,29 @@ SELECT NULL, 'woken' FROM (
     SELECT pg_notify('axa_queue', '') FROM (SELECT 1 FROM changed WHERE status = 'queued' LIMIT 1) AS w
 ) AS n
 """
+_ENDED = """ended AS (
+    SELECT id, status FROM axa_queue
+    WHERE id = ANY(%(ids)s::uuid[]) AND has_children AND status IN ('completed', 'failed', 'cancelled')
+)"""
+assert _ENDED in SETTLE
+
+# SETTLE for every ended job whose edges were not counted: a parent ended by the seed's
+# FINISH (a Rust worker), failed by RESCUE (no attempts left) or by FAIL_NEVER_DUE. A
+# loose scan of the index of uncounted edges finds each such parent in one descent.
+SWEEP = SETTLE.replace(
+    _ENDED,
+    """waiting_on(parent_id) AS (
+    (SELECT parent_id FROM axa_dependency WHERE NOT done ORDER BY parent_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT d.parent_id FROM axa_dependency d
+            WHERE NOT d.done AND d.parent_id > w.parent_id ORDER BY d.parent_id LIMIT 1)
+    FROM waiting_on w WHERE w.parent_id IS NOT NULL
+), ended AS (
+    SELECT q.id, q.status FROM waiting_on w JOIN axa_queue q ON q.id = w.parent_id
+    WHERE q.status IN ('completed', 'failed', 'cancelled')
+    LIMIT 1000
+)""",
+)
 
 # RETRY (sql.py), also bringing back the descendants a retried job's failure cancelled:
 # they wait again, counting every parent that has not completed (the retried one among

@@ -307,7 +307,11 @@ class Dependency(models.Model):
     class Meta:
         db_table = "axa_dependency"
         constraints = [models.UniqueConstraint(fields=["parent_id", "child_id"], name="axa_dependency_edge")]
-        indexes = [models.Index(fields=["child_id"], name="axa_dependency_child")]
+        indexes = [
+            models.Index(fields=["child_id"], name="axa_dependency_child"),
+            # Edges not yet counted: few, whatever the history (dependencies.SWEEP).
+            models.Index(fields=["parent_id"], name="axa_dependency_pending", condition=models.Q(done=False)),
+        ]
 
     def __str__(self) -> str:
         return f"{self.parent_id} -> {self.child_id}"

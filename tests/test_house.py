@@ -66,7 +66,7 @@ def test_the_migrated_schema_is_the_models_schema():
         assert migrated[kind] == built[kind], kind
     names = {index.name for model in models for index in model._meta.indexes}
     assert names <= {name for _, name, _ in migrated["indexes"]}
-    assert len(names) == 10  # 8, and axa_queue_workflow, axa_dependency_child
+    assert len(names) == 11  # 8, and axa_queue_workflow, axa_dependency_child, axa_dependency_pending
 
 
 @pytest.mark.django_db

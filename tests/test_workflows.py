@@ -5,6 +5,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
 from axa_django import Job, batch, workflow
 from axa_django.models import Dependency
@@ -286,3 +287,32 @@ def test_workflows_and_batches_run_in_immediate_mode(settings):
     with batch(on_complete=wj.batch_report) as bt:
         bt.add(wj.noop, 3)
     assert Job.objects.get(workflow_id=bt.id, name="axa_django.batch_callback").result["counts"]["completed"] == 1
+
+
+def test_children_of_a_parent_finished_by_the_seeds_finish_are_released_by_housekeeping(workers, log_file):
+    # A Rust worker on axa ends a parent with the seed's own FINISH, which knows nothing
+    # of children: a worker's housekeeping settles them.
+    parent = wj.noop.perform_later(1)
+    child = wj.step.using(after=[parent]).perform_later("c", log_file)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE axa_queue SET status = 'running', started_at = now() WHERE id = %s", [parent.pk])
+        cursor.execute(
+            "UPDATE axa_queue SET status = %s, error = %s, updated_at = now() WHERE id = %s",
+            ["completed", None, parent.pk],
+        )
+    workers.start("--concurrency", "1")
+    wait_for(lambda: status(child) == "completed", what="child released by housekeeping")
+    assert lines(log_file) == ["start c", "end c"]
+
+
+def test_a_parent_killed_with_no_attempts_left_fails_and_cancels_its_children(workers, log_file):
+    parent = wj.step.using(max_attempts=1).perform_later("p", log_file, seconds=60)
+    child = wj.step.using(after=[parent]).perform_later("c", log_file)
+    first = workers.start("--concurrency", "1")
+    wait_for(lambda: "start p" in lines(log_file), what="parent running")
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    workers.start("--concurrency", "1")
+    wait_for(lambda: status(child) == "cancelled", timeout=60, what="child cancelled")
+    assert status(parent) == "failed"
+    assert Job.objects.get(pk=child.pk).error.startswith(f"ParentFailed: parent job {parent.pk} ended failed")
