@@ -24,7 +24,8 @@ PARENT_FAILED = "ParentFailed"
 # Settle the children of jobs that just ended: mark their edges counted, decrement each
 # child's counter, queue it at 0, cancel it (and, through the graph, the descendants
 # that would wait on it) when a parent did not complete and it does not ask to run
-# anyway. One statement however deep the cancellation goes. The children are locked
+# anyway. One statement however deep the cancellation goes. run_at stays as enqueued
+# (a delay still applies; a child waits behind nothing that was queued after it). The children are locked
 # in id order, so two finishers settling overlapping children cannot deadlock.
 SETTLE = f"""
 WITH RECURSIVE ended AS (
@@ -77,7 +78,6 @@ WITH RECURSIVE ended AS (
         finished_at = CASE
             WHEN f.id IS NOT NULL OR (c.bad IS NOT NULL AND q.on_parent_failure IS DISTINCT FROM 'run')
                 THEN now() END,
-        run_at = CASE WHEN q.pending_parents - c.n <= 0 THEN GREATEST(q.run_at, now()) ELSE q.run_at END,
         updated_at = now()
     FROM per_child c
     JOIN locked l ON l.id = c.child_id
