@@ -22,11 +22,30 @@ _MATCH = "status = ANY(%(statuses)s) AND created_at < %(cutoff)s AND updated_at 
 # ARRAY(subquery) is an InitPlan, run once per statement. With ``id IN (subquery)`` the
 # planner may pick a nested-loop semi join that rescans the subquery per outer row, each
 # rescan locking LIMIT more rows: one "batch" then deletes every matching row.
+# Each deleted row comes back as its id if it has workflow edges (a parent, or a child:
+# every child row names its on_parent_failure), else NULL.
 DELETE_BATCH = f"""
 DELETE FROM axa_queue WHERE id = ANY(ARRAY(
     SELECT id FROM axa_queue WHERE {_MATCH} LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ))
+RETURNING CASE WHEN has_children OR on_parent_failure IS NOT NULL THEN id END
 """
+# The edges of deleted jobs: all of a child's, and a parent's counted ones (an uncounted
+# edge still holds a child back until housekeeping settles it).
+DELETE_EDGES = """
+DELETE FROM axa_dependency WHERE child_id = ANY(%(ids)s::uuid[]) OR (parent_id = ANY(%(ids)s::uuid[]) AND done)
+"""
+
+
+def _delete_batch(cursor: Any, params: dict[str, Any]) -> int:
+    cursor.execute(DELETE_BATCH, params)
+    rows = cursor.fetchall()
+    linked = [row[0] for row in rows if row[0] is not None]
+    if linked:
+        cursor.execute(DELETE_EDGES, {"ids": linked})
+    return len(rows)
+
+
 COUNT = f"SELECT count(*) FROM axa_queue WHERE {_MATCH}"
 
 
@@ -81,8 +100,7 @@ def prune_batch(
     params = {"statuses": _statuses(statuses), "limit": batch_size}
     with connections[using or conf.get("DATABASE")].cursor() as cursor:
         params["cutoff"] = _cutoff(cursor, older_than)
-        cursor.execute(DELETE_BATCH, params)
-        return cursor.rowcount
+        return _delete_batch(cursor, params)
 
 
 def prune(
@@ -109,8 +127,7 @@ def prune(
         # A fixed cutoff: rows finishing while we prune are not chased.
         params["cutoff"] = _cutoff(cursor, older_than)
         while True:
-            cursor.execute(DELETE_BATCH, params)
-            deleted = cursor.rowcount
+            deleted = _delete_batch(cursor, params)
             total += deleted
             if progress is not None:
                 progress(deleted, total)

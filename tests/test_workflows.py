@@ -316,3 +316,18 @@ def test_a_parent_killed_with_no_attempts_left_fails_and_cancels_its_children(wo
     wait_for(lambda: status(child) == "cancelled", timeout=60, what="child cancelled")
     assert status(parent) == "failed"
     assert Job.objects.get(pk=child.pk).error.startswith(f"ParentFailed: parent job {parent.pk} ended failed")
+
+
+def test_pruning_old_jobs_deletes_their_edges_too():
+    from axa_django import pruning
+
+    with workflow("old") as wf:
+        a = wf.add(wj.noop, 1)
+        b = wf.add(wj.noop, 2, after=[a])
+    live_parent = wj.noop.perform_later(3)
+    live_child = wj.noop.using(after=[live_parent]).perform_later(4)
+    Job.objects.filter(pk__in=[a.pk, b.pk]).update(
+        status="completed", created_at="2000-01-01T00:00Z", updated_at="2000-01-01T00:00Z"
+    )
+    assert pruning.prune(pruning.parse_duration("7d")) == 2
+    assert list(Dependency.objects.values_list("parent_id", "child_id")) == [(live_parent.pk, live_child.pk)]
