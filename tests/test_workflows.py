@@ -331,3 +331,21 @@ def test_pruning_old_jobs_deletes_their_edges_too():
     )
     assert pruning.prune(pruning.parse_duration("7d")) == 2
     assert list(Dependency.objects.values_list("parent_id", "child_id")) == [(live_parent.pk, live_child.pk)]
+
+
+def test_hostile_names_and_a_raising_callback_leave_the_worker_running(workers, log_file):
+    name = "%s {names} '; DROP TABLE axa_queue; -- %(ids)s"
+    with batch(name, on_complete=wj.batch_report, on_failure=wj.batch_alert) as b:
+        b.add(wj.step, "x", log_file, fail=True)
+    Job.objects.filter(workflow_id=b.id, name=wj.step.name).update(max_attempts=1)
+    # The failure callback's job is gone from this worker's registry: its row fails, clearly.
+    failure = Job.objects.get(workflow_id=b.id, args__kind="failure")
+    Job.objects.filter(pk=failure.pk).update(args={**failure.args, "callback": "no.such.job"})
+    workers.start("--concurrency", "2")
+    wait_for(drained(*Job.objects.filter(workflow_id=b.id)), what="batch settled")
+    assert b.workflow.name == name
+    failed = Job.objects.get(pk=failure.pk)
+    assert failed.status == "failed" and "batch callback 'no.such.job' is not a job this worker knows" in failed.error
+    assert Job.objects.get(workflow_id=b.id, args__kind="complete").status == "completed"
+    after = wj.step.perform_later("later", log_file)
+    wait_for(lambda: status(after) == "completed", what="the worker lives on")
