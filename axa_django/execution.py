@@ -169,6 +169,8 @@ def failure(job: Claimed, function: Any, error: BaseException, worker_id: uuid.U
 
 def finish(cursor: psycopg.Cursor[Any], outcomes: list[Outcome], worker_id: uuid.UUID | None) -> set[uuid.UUID]:
     """Write outcomes in one statement; return the ids whose guard held."""
+    # Rows are locked in id order, as an enqueue with after= locks its parents: no deadlock.
+    outcomes = sorted(outcomes, key=lambda o: o.id)
     cursor.execute(
         sql.FINISH,
         {

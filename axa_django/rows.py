@@ -9,8 +9,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import psycopg
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import OperationalError, connections, transaction
 from django.utils import timezone
 
 from . import conf, dependencies
@@ -290,6 +291,19 @@ SELECT id, status FROM inserted
 """
 
 
+def _children(using: str, cursor: Any, params: list[Any]) -> list[tuple[Any, ...]]:
+    """Run _CHILDREN; again if it lost a deadlock (a finisher locking the same parents in another order)."""
+    for attempt in range(5):
+        try:
+            with transaction.atomic(using=using):
+                cursor.execute(_CHILDREN, params)
+                return list(cursor.fetchall())
+        except OperationalError as error:
+            if attempt == 4 or not isinstance(error.__cause__, psycopg.errors.DeadlockDetected):
+                raise
+    raise AssertionError("unreachable")
+
+
 def _missing(cursor: Any, ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
     cursor.execute("SELECT id FROM axa_queue WHERE id = ANY(%s::uuid[])", [list(ids)])
     found = {row[0] for row in cursor.fetchall()}
@@ -327,8 +341,7 @@ def write_children(
                 for column, value in zip(columns, row, strict=True):
                     column.append(value)
             params = [list(after), policy, len(after), policy, workflow, *columns]
-            cursor.execute(_CHILDREN, params)
-            rows = cursor.fetchall()
+            rows = _children(using, cursor, params)
             if len(rows) != end - start:
                 missing = _missing(cursor, after)
                 raise ValueError(
