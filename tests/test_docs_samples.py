@@ -607,6 +607,6 @@ def test_workflows_page():
         callback = Job.objects.get(name="axa_django.batch_callback", args__kind="complete")
         assert callback.queue == "reports" and callback.result["completed"] == 3
         assert Job.objects.get(name="axa_django.batch_callback", args__kind="failure").result["called"] is False
-        ns = page.run("wf.cancel()                          # every job of the group not yet finished")
+        ns = page.run("wf.cancel()  # every job of the group not yet finished")
         assert ns["wf"].workflow.counts()["completed"] == 3
         assert jobs.report.name == "shop.jobs.report"
