@@ -12,6 +12,8 @@ from typing import Any
 import psycopg
 from django.conf import settings
 from django.db import OperationalError, connections, transaction
+from django.db.models.base import ModelState
+from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
 from . import conf, dependencies
@@ -30,11 +32,26 @@ _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 # Later than this, now() + delay leaves PostgreSQL's timestamp range.
 MAX_DELAY = datetime.timedelta(days=3_650_000)
 
-# Columns read back into a Job, in model order.
+# A Job's fields, in model order. An INSERT reads back only what the database chose
+# (the times); the rest is what was sent or a column default of a fresh row.
 _FIELDS = [f.attname for f in Job._meta.concrete_fields]
-_RETURNING = ", ".join(Job._meta.get_field(f).column for f in _FIELDS)
-# Django loads jsonb as text and decodes it in JSONField.from_db_value.
-_CONVERTERS = [getattr(Job._meta.get_field(f), "from_db_value", None) for f in _FIELDS]
+_READ_BACK = ["run_at", "created_at", "updated_at"]
+_RETURNING = ", ".join(_READ_BACK)
+_FRESH: dict[str, Any] = {
+    "status": "queued",
+    "error": None,
+    "started_at": None,
+    "attempts": 0,
+    "worker_id": None,
+    "finished_at": None,
+    "errors": [],
+    "result": None,
+    "cancel_requested": False,
+    "pending_parents": 0,
+    "has_children": False,
+    "on_parent_failure": None,
+    "workflow_id": None,
+}
 _COLUMNS = "id, name, args, queue, priority, run_at, max_attempts, unique_key, backend"
 # run_at: the given time, else the enqueue time + delay, else the enqueue time, from the
 # database clock. The enqueue time is statement_timestamp(), the created_at default
@@ -164,13 +181,29 @@ def _params(name: str, args: dict[str, Any], options: Options, job_id: uuid.UUID
     ]
 
 
-def _build(row: Sequence[Any], using: str) -> Job:
-    connection = connections[using]
-    values = [
-        convert(value, None, connection) if convert and value is not None else value
-        for convert, value in zip(_CONVERTERS, row, strict=True)
-    ]
-    return Job.from_db(using, _FIELDS, values)
+def _job(using: str, values: dict[str, Any]) -> Job:
+    """A Job loaded from ``values`` (attname -> value; others deferred), as ``Job.from_db`` makes it, faster.
+
+    ``from_db`` runs ``Model.__init__``, a loop over every field; a row just written
+    needs only its values set, unless someone listens to pre_init or post_init.
+    """
+    if pre_init.has_listeners(Job) or post_init.has_listeners(Job):
+        fields = list(values)
+        return Job.from_db(using, fields, [values[field] for field in fields])
+    job = Job.__new__(Job)
+    job._state = ModelState()
+    job._state.adding = False
+    job._state.db = using
+    job.__dict__.update(values)
+    return job
+
+
+def _build(params: list[Any], args: dict[str, Any], times: Sequence[Any], using: str) -> Job:
+    job_id, name, _, queue, priority, _, _, _, max_attempts, unique_key, backend = params
+    known = dict(_FRESH, errors=[], id=job_id, name=name, args=args, queue=queue, priority=priority)
+    known.update(max_attempts=max_attempts, unique_key=unique_key, backend=backend)
+    known.update(zip(_READ_BACK, times, strict=True))
+    return _job(using, known)
 
 
 def write(name: str, args: dict[str, Any], options: Options, sender: Sender) -> Job:
@@ -197,7 +230,7 @@ def write(name: str, args: dict[str, Any], options: Options, sender: Sender) -> 
         if options.on_duplicate == "raise":
             raise DuplicateJob(existing)
         return existing
-    job = _build(row, using)
+    job = _build(params, args, row, using)
     job_enqueued.send(sender=sender, job=job)
     return job
 
@@ -247,7 +280,7 @@ def write_many(items: Iterable[tuple[str, dict[str, Any], Options]], sender: Sen
         if job_id in written:
             values = [job_id, names[index], arguments[index], "queued", queues[index], priorities[index]]
             values += [max_attempts[index], unique_keys[index], backends[index]]
-            result.append(Job.from_db(using, _BULK_FIELDS, values))
+            result.append(_job(using, dict(zip(_BULK_FIELDS, values, strict=True))))
     result.skipped = len(ids) - len(result)
     for job in result:
         job_enqueued.send(sender=sender, job=job)
@@ -352,15 +385,12 @@ def write_children(
             statuses.update(rows)
             start = end
         if full:
-            fields = ", ".join(Job._meta.get_field(f).column for f in _FIELDS)
-            cursor.execute(f"SELECT {fields} FROM axa_queue WHERE id = %s", [prepared[0][0][0]])
-            job = _build(cursor.fetchone(), using)
-            result.append(job)
+            result.append(Job.objects.using(using).get(pk=prepared[0][0][0]))
     if not full:
         for row, _options, args in prepared:
             job_id = row[0]
             values = [job_id, row[1], args, statuses[job_id], row[3], row[4], row[8], row[9], row[10]]
-            result.append(Job.from_db(using, _BULK_FIELDS, values))
+            result.append(_job(using, dict(zip(_BULK_FIELDS, values, strict=True))))
     for job in result:
         job_enqueued.send(sender=sender, job=job)
     return result
