@@ -4,11 +4,14 @@ import signal
 import uuid
 from pathlib import Path
 
+import psycopg
 import pytest
 from django.db import connection
 
-from axa_django import Job, batch, workflow
+from axa_django import Job, batch, dependencies, sql, workflow
+from axa_django.execution import Outcome, finish
 from axa_django.models import Dependency
+from axa_django.workerdb import connect
 from tests.conftest import wait_for
 from tests.testapp import workflow_jobs as wj
 
@@ -349,3 +352,31 @@ def test_hostile_names_and_a_raising_callback_leave_the_worker_running(workers, 
     assert Job.objects.get(workflow_id=b.id, args__kind="complete").status == "completed"
     after = wj.step.perform_later("later", log_file)
     wait_for(lambda: status(after) == "completed", what="the worker lives on")
+
+
+class CountingCursor(psycopg.Cursor):
+    """A real cursor that also keeps the statements it sent."""
+
+    sent: list[str] = []
+
+    def execute(self, query, params=None, **kwargs):  # type: ignore[no-untyped-def]
+        CountingCursor.sent.append(str(query))
+        return super().execute(query, params, **kwargs)
+
+
+def test_finishing_a_job_without_children_sends_one_statement_and_a_parent_three_in_one_transaction():
+    lone = wj.noop.perform_later(1)
+    parent = wj.noop.perform_later(2)
+    child = wj.noop.using(after=[parent]).perform_later(3)
+    Job.objects.filter(pk__in=[lone.pk, parent.pk]).update(status="running", attempts=1)
+    with connect("default", "test") as conn:
+        conn.cursor_factory = CountingCursor
+        CountingCursor.sent = []
+        with conn.cursor() as cursor:
+            assert finish(cursor, [Outcome(lone.pk, lone.name, 1, "completed", result="1")], None) == {lone.pk}
+        assert CountingCursor.sent == [sql.FINISH]
+        CountingCursor.sent = []
+        with conn.cursor() as cursor:
+            assert finish(cursor, [Outcome(parent.pk, parent.name, 1, "completed", result="2")], None) == {parent.pk}
+        assert CountingCursor.sent == [sql.FINISH, sql.FINISH_PARENTS, dependencies.SETTLE]
+    assert statuses([lone, parent, child]) == ["completed", "completed", "queued"]
