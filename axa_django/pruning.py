@@ -23,17 +23,23 @@ _MATCH = "status = ANY(%(statuses)s) AND created_at < %(cutoff)s AND updated_at 
 # planner may pick a nested-loop semi join that rescans the subquery per outer row, each
 # rescan locking LIMIT more rows: one "batch" then deletes every matching row.
 # Each deleted row comes back as its id if it has workflow edges (a parent, or a child:
-# every child row names its on_parent_failure), else NULL.
+# every child row names its on_parent_failure), else NULL, and its workflow's id.
 DELETE_BATCH = f"""
 DELETE FROM axa_queue WHERE id = ANY(ARRAY(
     SELECT id FROM axa_queue WHERE {_MATCH} LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ))
-RETURNING CASE WHEN has_children OR on_parent_failure IS NOT NULL THEN id END
+RETURNING CASE WHEN has_children OR on_parent_failure IS NOT NULL THEN id END, workflow_id
 """
 # The edges of deleted jobs: all of a child's, and a parent's counted ones (an uncounted
-# edge still holds a child back until housekeeping settles it).
-DELETE_EDGES = """
-DELETE FROM axa_dependency WHERE child_id = ANY(%(ids)s::uuid[]) OR (parent_id = ANY(%(ids)s::uuid[]) AND done)
+# edge still holds a child back until housekeeping settles it); and the workflows and
+# batches left with no job.
+DELETE_LINKS = """
+WITH edges AS (
+    DELETE FROM axa_dependency
+    WHERE child_id = ANY(%(ids)s::uuid[]) OR (parent_id = ANY(%(ids)s::uuid[]) AND done)
+)
+DELETE FROM axa_workflow w
+WHERE w.id = ANY(%(groups)s::uuid[]) AND NOT EXISTS (SELECT 1 FROM axa_queue q WHERE q.workflow_id = w.id)
 """
 
 
@@ -41,8 +47,9 @@ def _delete_batch(cursor: Any, params: dict[str, Any]) -> int:
     cursor.execute(DELETE_BATCH, params)
     rows = cursor.fetchall()
     linked = [row[0] for row in rows if row[0] is not None]
-    if linked:
-        cursor.execute(DELETE_EDGES, {"ids": linked})
+    groups = list({row[1] for row in rows if row[1] is not None})
+    if linked or groups:
+        cursor.execute(DELETE_LINKS, {"ids": linked, "groups": groups})
     return len(rows)
 
 

@@ -10,7 +10,7 @@ from django.db import connection
 
 from axa_django import Job, batch, dependencies, sql, workflow
 from axa_django.execution import Outcome, finish
-from axa_django.models import Dependency
+from axa_django.models import Dependency, Workflow
 from axa_django.workerdb import connect
 from tests.conftest import wait_for
 from tests.testapp import workflow_jobs as wj
@@ -334,6 +334,7 @@ def test_pruning_old_jobs_deletes_their_edges_too():
     )
     assert pruning.prune(pruning.parse_duration("7d")) == 2
     assert list(Dependency.objects.values_list("parent_id", "child_id")) == [(live_parent.pk, live_child.pk)]
+    assert not Workflow.objects.filter(pk=wf.id).exists()
 
 
 def test_hostile_names_and_a_raising_callback_leave_the_worker_running(workers, log_file):
