@@ -110,10 +110,10 @@ class Options:
         if not isinstance(self.after, tuple) or not all(isinstance(a, uuid.UUID) for a in self.after):
             return replace(self, after=dependencies.parent_ids(self.after)).checked()
         dependencies.check_policy(self.on_parent_failure)
-        if self.after and self.unique_key is not None:
+        if (self.after or self.workflow is not None) and self.unique_key is not None:
             raise ValueError(
-                "a job with after= cannot have a unique key: a waiting job does not hold its key; "
-                "drop unique_key (or the job's unique=) or the dependency"
+                "a job with after= (or in a workflow or batch) cannot have a unique key: a waiting job does not "
+                "hold its key; drop unique_key (or the job's unique=), or enqueue it on its own"
             )
         if self.on_duplicate not in ("return", "raise"):
             raise ValueError(f"on_duplicate must be 'return' or 'raise', not {self.on_duplicate!r}")

@@ -121,6 +121,11 @@ def test_after_refuses_what_is_not_a_job_before_any_sql():
         wj.noop.using(after=[uuid.uuid4()], unique_key="k")
     with pytest.raises(TypeError, match="takes a list"):
         wj.noop.using(after=3.5)
+    with pytest.raises(ValueError, match="cannot have a unique key"), workflow("keyed") as wf:
+        wf.add(wj.keyed, 1)
+    with pytest.raises(ZeroDivisionError), workflow("raising key") as wf:
+        wf.add(wj.keyed, 0)
+    assert not Job.objects.exists()
 
 
 def test_a_cycle_cannot_be_formed_a_job_waiting_for_a_later_one_is_refused():

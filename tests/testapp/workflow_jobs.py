@@ -69,3 +69,9 @@ def until(at: float, token: str = "") -> str:
 @background_job
 def fan_in(log: str) -> None:
     _mark(log, "fan-in")
+
+
+@background_job(unique=lambda i: f"k{1 / i}")
+def keyed(i: int) -> int:
+    """A job with a unique key (whose key function raises for 0)."""
+    return i
