@@ -344,11 +344,14 @@ def _missing(cursor: Any, ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
 
 
 def write_children(
-    items: Sequence[tuple[str, dict[str, Any], Options, uuid.UUID | None]], sender: Sender, full: bool = False
+    items: Sequence[tuple[str, dict[str, Any], Options, uuid.UUID | None]],
+    sender: Sender | Sequence[Sender],
+    full: bool = False,
 ) -> BulkResult:
     """Insert rows with parents, one statement per run of items with the same parents, all or none.
 
-    ``full``: load every column of the rows back (one row, for perform_later).
+    ``sender``: job_enqueued's sender, or one per item. ``full``: load every column of
+    the rows back (one row, for perform_later).
     """
     using = conf.queue_database()
     prepared = []
@@ -391,6 +394,7 @@ def write_children(
             job_id = row[0]
             values = [job_id, row[1], args, statuses[job_id], row[3], row[4], row[8], row[9], row[10]]
             result.append(_job(using, dict(zip(_BULK_FIELDS, values, strict=True))))
-    for job in result:
-        job_enqueued.send(sender=sender, job=job)
+    senders = list(sender) if isinstance(sender, Sequence) else [sender] * len(result)
+    for job, job_sender in zip(result, senders, strict=True):
+        job_enqueued.send(sender=job_sender, job=job)
     return result

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import replace
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connections, transaction
 
@@ -16,6 +16,7 @@ from .models import Job, Workflow
 from .registry import JobFunction, background_job, registry
 
 CALLBACK = "axa_django.batch_callback"
+G = TypeVar("G", bound="_Group")
 
 
 class _Group:
@@ -30,11 +31,13 @@ class _Group:
         self.id = uuid.uuid4()
         self.jobs: list[Job] = []
         self._items: list[tuple[str, dict[str, Any], rows.Options, uuid.UUID]] = []
-        self._functions: list[JobFunction[Any, Any]] = []
+        self._senders: list[JobFunction[Any, Any] | None] = []
         self._open = False
         self._written = False
 
-    def __enter__(self) -> _Group:
+    def __enter__(self: G) -> G:
+        if self._written:
+            raise RuntimeError(f"this {self.kind} was written when its block ended; start a new one")
         self._open = True
         return self
 
@@ -47,7 +50,7 @@ class _Group:
         job_options = replace(function._options_for(arguments), workflow=self.id, **options).checked()
         job_id = uuid.uuid4()
         self._items.append((function.name, arguments, job_options, job_id))
-        self._functions.append(function)
+        self._senders.append(function)
         job = Job(id=job_id, name=function.name, args=arguments, status=Job.Status.WAITING, workflow_id=self.id)
         self.jobs.append(job)
         return job
@@ -65,7 +68,8 @@ class _Group:
         using = conf.queue_database()
         with transaction.atomic(using=using):
             Workflow.objects.using(using).create(id=self.id, kind=self.kind, name=self.name)
-            written = rows.write_children(items, None) if items else rows.BulkResult()
+            senders = self._senders + [registry.get(CALLBACK)] * (len(items) - len(self._senders))
+            written = rows.write_children(items, senders) if items else rows.BulkResult()
         found = {job.pk: job.status for job in written}
         for job in self.jobs:
             job.status = found.get(job.pk, job.status)

@@ -386,3 +386,23 @@ def test_finishing_a_job_without_children_sends_one_statement_and_a_parent_three
             assert finish(cursor, [Outcome(parent.pk, parent.name, 1, "completed", result="2")], None) == {parent.pk}
         assert CountingCursor.sent == [sql.FINISH, sql.FINISH_PARENTS, dependencies.SETTLE]
     assert statuses([lone, parent, child]) == ["completed", "completed", "queued"]
+
+
+def test_a_workflow_sends_job_enqueued_per_job_and_is_written_once():
+    from axa_django.signals import job_enqueued
+
+    seen = []
+
+    def receiver(sender, job, **kwargs):
+        seen.append((sender, job.pk))
+
+    job_enqueued.connect(receiver)
+    try:
+        with workflow("signals") as wf:
+            a = wf.add(wj.noop, 1)
+            b = wf.add(wj.step, "b", "/dev/null", after=[a])
+    finally:
+        job_enqueued.disconnect(receiver)
+    assert seen == [(wj.noop, a.pk), (wj.step, b.pk)]
+    with pytest.raises(RuntimeError, match="start a new one"), wf:
+        pass
