@@ -26,8 +26,8 @@ from .signals import job_finished, job_started
 
 logger = logging.getLogger("axa_django")
 
-# The longest retry delay written: now() plus this stays a valid timestamp.
-MAX_DELAY_SECONDS = 10_000 * 365 * 86_400.0
+# The longest retry delay written: now() plus this stays a time Python can load.
+MAX_DELAY_SECONDS = 1_000 * 365 * 86_400.0
 
 
 @dataclass
@@ -175,7 +175,7 @@ def failure(job: Claimed, function: Any, error: BaseException, worker_id: uuid.U
 
 
 def _bounded(delay: float) -> float:
-    """A backoff's delay as the database can add it to now(): NaN and negatives are 0, infinity ten thousand years."""
+    """A backoff's delay as a time Python can load: NaN and negatives are 0, infinity a thousand years."""
     return min(delay, MAX_DELAY_SECONDS) if delay >= 0 else 0.0
 
 

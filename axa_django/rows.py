@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import re
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -181,6 +182,25 @@ def _params(name: str, args: dict[str, Any], options: Options, job_id: uuid.UUID
     ]
 
 
+@contextlib.contextmanager
+def _cursor(using: str) -> Iterator[Any]:
+    """A cursor on the queue database's connection, in the caller's transaction.
+
+    Django's own cursor when something watches queries (DEBUG, assertNumQueries, an
+    execute wrapper); else psycopg's client-side cursor on the same connection, which
+    binds as Django's does at half the client CPU of an enqueue.
+    """
+    wrapper = connections[using]
+    if wrapper.queries_logged or wrapper.execute_wrappers:
+        with wrapper.cursor() as cursor:
+            yield cursor
+        return
+    wrapper.ensure_connection()
+    wrapper.validate_no_broken_transaction()
+    with wrapper.wrap_database_errors, psycopg.ClientCursor(wrapper.connection) as cursor:
+        yield cursor
+
+
 def _job(using: str, values: dict[str, Any]) -> Job:
     """A Job loaded from ``values`` (attname -> value; others deferred), as ``Job.from_db`` makes it, faster.
 
@@ -215,7 +235,7 @@ def write(name: str, args: dict[str, Any], options: Options, sender: Sender) -> 
     params = _params(name, args, options)
     unique = options.unique_key is not None
     sql = f"INSERT INTO axa_queue ({_COLUMNS}) VALUES {_VALUES} {_ON_UNIQUE if unique else ''} RETURNING {_RETURNING}"
-    with connections[using].cursor() as cursor:
+    with _cursor(using) as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
@@ -270,7 +290,7 @@ def write_many(items: Iterable[tuple[str, dict[str, Any], Options]], sender: Sen
     if not arguments:
         return result
     # One array per column: the statement's size does not grow with the batch.
-    with connections[using].cursor() as cursor:
+    with _cursor(using) as cursor:
         cursor.execute(f"INSERT INTO axa_queue ({_COLUMNS}) {_UNNEST} {_ON_UNIQUE} RETURNING id", columns)
         written = {row[0] for row in cursor.fetchall()}
     # Build the jobs from what was sent; the columns the database filled in

@@ -2,6 +2,7 @@
 
 import os
 import time
+from pathlib import Path
 
 from django.db import connection
 
@@ -34,3 +35,19 @@ def gate(context: JobContext, log: str, path: str) -> None:
     deadline = time.monotonic() + 60
     while not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.01)
+
+
+@background_job(max_attempts=2, backoff=lambda attempt: float("inf"))
+def retried_never(fail: bool = True) -> None:
+    """Fails; its backoff asks for an infinite wait."""
+    if fail:
+        raise RuntimeError("fails once")
+
+
+@background_job(max_attempts=2, backoff=lambda attempt: float("nan"))
+def retried_now(log: str) -> None:
+    """Fails the first time; its backoff's NaN means no wait."""
+    with open(log, "a") as f:
+        f.write("run\n")
+    if len(Path(log).read_text().splitlines()) < 2:
+        raise RuntimeError("fails once")
