@@ -191,21 +191,28 @@ def test_cancelling_a_waiting_job_cancels_its_descendants():
     assert statuses([a, b, c, d]) == ["queued", "cancelled", "cancelled", "queued"]
 
 
-def test_a_killed_parent_is_rescued_and_its_children_wait_then_run_once(workers, log_file):
+def test_killed_parents_are_rescued_their_children_wait_and_run_once_or_are_cancelled(workers, log_file):
+    # One SIGKILL, two parents: one with attempts left (rescued, run again, then its
+    # children run once), one without (failed by the rescue, its child cancelled).
     parent = wj.step.using(max_attempts=3).perform_later("p", log_file, seconds=60)
     children = wj.step.using(after=[parent]).perform_later_many([{"token": f"k{i}", "log": log_file} for i in range(3)])
-    first = workers.start("--concurrency", "1")
-    wait_for(lambda: "start p" in lines(log_file), what="parent running")
+    spent = wj.step.using(max_attempts=1).perform_later("s", log_file, seconds=60)
+    orphan = wj.step.using(after=[spent]).perform_later("o", log_file)
+    first = workers.start("--concurrency", "2")
+    wait_for(lambda: {"start p", "start s"} <= set(lines(log_file)), what="parents running")
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=30)
     Job.objects.filter(pk=parent.pk).update(args={"token": "p", "log": log_file})  # quick second run
-    assert statuses(children) == ["waiting"] * 3
+    assert statuses([*children, orphan]) == ["waiting"] * 4
     workers.start("--concurrency", "2")
-    wait_for(drained(parent, *children), timeout=60, what="rescued parent and children")
+    wait_for(drained(parent, *children, orphan), timeout=60, what="rescued parents and children")
     assert statuses([parent, *children]) == ["completed"] * 4
+    assert statuses([spent, orphan]) == ["failed", "cancelled"]
+    assert Job.objects.get(pk=orphan.pk).error.startswith(f"ParentFailed: parent job {spent.pk} ended failed")
     found = lines(log_file)
     assert found.count("start p") == 2 and all(found.count(f"start k{i}") == 1 for i in range(3))
     assert found.index("end p") < min(found.index(f"start k{i}") for i in range(3))
+    assert "start o" not in found
 
 
 def test_a_child_reads_its_parents_results(workers, log_file):
@@ -311,19 +318,6 @@ def test_children_of_a_parent_finished_by_the_seeds_finish_are_released_by_house
     workers.start("--concurrency", "1")
     wait_for(lambda: status(child) == "completed", what="child released by housekeeping")
     assert lines(log_file) == ["start c", "end c"]
-
-
-def test_a_parent_killed_with_no_attempts_left_fails_and_cancels_its_children(workers, log_file):
-    parent = wj.step.using(max_attempts=1).perform_later("p", log_file, seconds=60)
-    child = wj.step.using(after=[parent]).perform_later("c", log_file)
-    first = workers.start("--concurrency", "1")
-    wait_for(lambda: "start p" in lines(log_file), what="parent running")
-    first.send_signal(signal.SIGKILL)
-    first.wait(timeout=30)
-    workers.start("--concurrency", "1")
-    wait_for(lambda: status(child) == "cancelled", timeout=60, what="child cancelled")
-    assert status(parent) == "failed"
-    assert Job.objects.get(pk=child.pk).error.startswith(f"ParentFailed: parent job {parent.pk} ended failed")
 
 
 def test_pruning_old_jobs_deletes_their_edges_too():

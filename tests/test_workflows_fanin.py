@@ -59,7 +59,7 @@ def test_last_parents_ending_together_on_different_workers_release_each_child_ex
     rounds = 8
     start_pool(workers)
     wait_for(lambda: connection.cursor().execute("SELECT count(*) FROM axa_worker").fetchone()[0] == 3, what="workers")
-    at = time.time() + 1.5
+    at = time.time() + 1.0
     children = []
     for r in range(rounds):
         parents = wj.until.perform_later_many([{"at": at + r * 0.25, "token": f"{r}.{p}"} for p in range(12)])
