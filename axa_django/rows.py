@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -262,12 +263,32 @@ class BulkResult(list[Job]):
 
 
 _BULK_FIELDS = ["id", "name", "args", "status", "queue", "priority", "max_attempts", "unique_key", "backend"]
-_UNNEST = (
+# The batch is one JSON array of rows: a single parameter, a third of the client CPU
+# of one array per column. args are JSON already and go in as they are.
+_FROM_JSON = (
     f"SELECT id, name, args, queue, priority, {_RUN_AT.format(run_at='run_at', delay='delay', floor='floor')}, "
-    "max_attempts, unique_key, backend FROM unnest(%s::uuid[], %s::text[], %s::jsonb[], %s::text[], %s::int[], "
-    "%s::timestamptz[], %s::interval[], %s::bool[], %s::int[], %s::text[], %s::text[]) "
-    "AS v(id, name, args, queue, priority, run_at, delay, floor, max_attempts, unique_key, backend)"
+    "max_attempts, unique_key, backend FROM jsonb_to_recordset(%s::jsonb) AS v(id uuid, name text, args jsonb, "
+    "queue text, priority int, run_at timestamptz, delay interval, floor bool, max_attempts int, unique_key text, "
+    "backend text)"
 )
+_MICROSECOND = datetime.timedelta(microseconds=1)
+
+
+def _json_text(value: str | None) -> str:
+    return "null" if value is None else json.dumps(value)
+
+
+def _as_json(row: list[Any]) -> str:
+    """One row of ``_params`` as the JSON object _FROM_JSON reads."""
+    job_id, name, args, queue, priority, run_at, delay, floor, max_attempts, unique_key, backend = row
+    when = "null" if run_at is None else f'"{run_at.isoformat()}"'
+    wait = "null" if delay is None else f'"{delay // _MICROSECOND} microseconds"'
+    attempts = "null" if max_attempts is None else str(max_attempts)
+    return (
+        f'{{"id":"{job_id}","name":{json.dumps(name)},"args":{args},"queue":{json.dumps(queue)},'
+        f'"priority":{priority},"run_at":{when},"delay":{wait},"floor":{"true" if floor else "false"},'
+        f'"max_attempts":{attempts},"unique_key":{_json_text(unique_key)},"backend":{_json_text(backend)}}}'
+    )
 
 
 def write_many(items: Iterable[tuple[str, dict[str, Any], Options]], sender: Sender) -> BulkResult:
@@ -276,32 +297,29 @@ def write_many(items: Iterable[tuple[str, dict[str, Any], Options]], sender: Sen
     items = list(items)
     if any(options.after or options.workflow is not None for _, _, options in items):
         return write_children([(name, args, options, None) for name, args, options in items], sender)
-    columns: list[list[Any]] = [[] for _ in range(11)]
+    rows: list[list[Any]] = []
     arguments: list[dict[str, Any]] = []
     for index, (name, args, options) in enumerate(items):
         try:
-            row = _params(name, args, options)
+            rows.append(_params(name, args, options))
         except (TypeError, ValueError) as error:
             raise type(error)(f"item {index}: {error}") from None
-        for column, value in zip(columns, row, strict=True):
-            column.append(value)
         arguments.append(args)
     result = BulkResult()
-    if not arguments:
+    if not rows:
         return result
-    # One array per column: the statement's size does not grow with the batch.
+    document = "[" + ",".join(map(_as_json, rows)) + "]"
     with _cursor(using) as cursor:
-        cursor.execute(f"INSERT INTO axa_queue ({_COLUMNS}) {_UNNEST} {_ON_UNIQUE} RETURNING id", columns)
+        cursor.execute(f"INSERT INTO axa_queue ({_COLUMNS}) {_FROM_JSON} {_ON_UNIQUE} RETURNING id", [document])
         written = {row[0] for row in cursor.fetchall()}
     # Build the jobs from what was sent; the columns the database filled in
     # (times, status defaults) are deferred and load on first access.
-    ids, names, _, queues, priorities, _, _, _, max_attempts, unique_keys, backends = columns
-    for index, job_id in enumerate(ids):
+    for row, args in zip(rows, arguments, strict=True):
+        job_id, name, _, queue, priority, _, _, _, max_attempts, unique_key, backend = row
         if job_id in written:
-            values = [job_id, names[index], arguments[index], "queued", queues[index], priorities[index]]
-            values += [max_attempts[index], unique_keys[index], backends[index]]
+            values = [job_id, name, args, "queued", queue, priority, max_attempts, unique_key, backend]
             result.append(_job(using, dict(zip(_BULK_FIELDS, values, strict=True))))
-    result.skipped = len(ids) - len(result)
+    result.skipped = len(rows) - len(result)
     for job in result:
         job_enqueued.send(sender=sender, job=job)
     return result
@@ -334,7 +352,7 @@ WITH locked AS (
             '{dependencies.PARENT_FAILED}: parent job %%s ended %%s, so this job was cancelled', c.bad, c.bad_status)
         END,
         CASE WHEN c.status = 'cancelled' THEN now() END
-    FROM ({_UNNEST}) AS v CROSS JOIN choice c
+    FROM ({_FROM_JSON}) AS v CROSS JOIN choice c
     RETURNING id, status
 ), edges AS (
     INSERT INTO axa_dependency (parent_id, child_id, done)
@@ -392,11 +410,8 @@ def write_children(
             ):
                 end += 1
             after, policy, workflow = key
-            columns: list[list[Any]] = [[] for _ in range(11)]
-            for row, _, _ in prepared[start:end]:
-                for column, value in zip(columns, row, strict=True):
-                    column.append(value)
-            params = [list(after), policy, len(after), policy, workflow, *columns]
+            document = "[" + ",".join(_as_json(row) for row, _, _ in prepared[start:end]) + "]"
+            params = [list(after), policy, len(after), policy, workflow, document]
             rows = _children(using, cursor, params)
             if len(rows) != end - start:
                 missing = _missing(cursor, after)
