@@ -283,7 +283,7 @@ class Job(models.Model):
         return changed
 
     def cancel(self) -> bool:
-        """Cancel this job if queued, or ask its worker to stop it if running."""
+        """Cancel this job (and its descendants) if queued or waiting, or ask its worker to stop it if running."""
         changed = Job.objects.filter(pk=self.pk).cancel() == 1
         self.refresh_from_db()
         return changed
