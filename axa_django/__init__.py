@@ -11,8 +11,10 @@ __all__ = [
     "JobContext",
     "JobTimeout",
     "background_job",
+    "batch",
     "enqueue",
     "enqueue_many",
+    "workflow",
 ]
 __version__ = "0.1.0"
 
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
     from .models import Job
     from .registry import background_job, enqueue, enqueue_many
     from .rows import DuplicateJob
+    from .workflows import batch, workflow
 
 
 def __getattr__(name: str) -> Any:
@@ -32,6 +35,10 @@ def __getattr__(name: str) -> Any:
         from . import registry
 
         return getattr(registry, name)
+    if name in ("batch", "workflow"):
+        from . import workflows
+
+        return getattr(workflows, name)
     if name == "DuplicateJob":
         from .rows import DuplicateJob
 

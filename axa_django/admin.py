@@ -29,6 +29,7 @@ from .admin_display import (
     yes_no,
 )
 from .admin_lists import JobChangeList, NameFilter, QueueFilter, _registered_queues, refuse_nul, search_jobs
+from .admin_workflows import JobWorkflowFields, WorkflowAdmin
 from .models import FailedJob, Job, QueueDashboard, QueuePause
 from .pagination import EstimatedCountPaginator
 
@@ -36,6 +37,7 @@ __all__ = [
     "FailedJobAdmin",
     "JobAdmin",
     "QueueDashboardAdmin",
+    "WorkflowAdmin",
     "admin_queues",
     "error_line",
     "format_duration",
@@ -46,7 +48,7 @@ TIME_FIELDS = ("created_full", "run_at_full", "started_full", "finished_full", "
 
 
 @admin.register(Job)
-class JobAdmin(JobActions):
+class JobAdmin(JobWorkflowFields, JobActions):
     """All jobs: list, read-only detail, retry, cancel and delete, each behind its permission."""
 
     change_list_template = "admin/axa_django/job/change_list.html"
@@ -95,6 +97,7 @@ class JobAdmin(JobActions):
         "unique_key",
         "cancel_requested_shown",
         "backend",
+        *JobWorkflowFields.workflow_fields,
     )
 
     # Permissions: always Job's, also when this admin serves a proxy model.
@@ -124,6 +127,9 @@ class JobAdmin(JobActions):
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         """May this user cancel jobs (``axa_django.cancel_job``)."""
         return self._has(request, "cancel")
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [*super().get_fieldsets(request, obj), *self.workflow_fieldset(obj)]
 
     # The list.
 

@@ -192,8 +192,10 @@ def _key_skips(result: RetryResult, shown: int = 5) -> str:
 
 
 def cancellable(job: Job) -> bool:
-    """Whether cancel would change ``job``: queued, or running and not yet asked to stop."""
-    return job.status == Job.Status.QUEUED or (job.status == Job.Status.RUNNING and not job.cancel_requested)
+    """Whether cancel would change ``job``: queued or waiting, or running and not yet asked to stop."""
+    return job.status in (Job.Status.QUEUED, Job.Status.WAITING) or (
+        job.status == Job.Status.RUNNING and not job.cancel_requested
+    )
 
 
 def job_id(object_id: str) -> uuid.UUID | None:

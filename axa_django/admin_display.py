@@ -13,6 +13,7 @@ from django.utils.safestring import SafeString, mark_safe
 from .models import Job
 
 STATUS_ICONS = {
+    Job.Status.WAITING: "\u29d6",  # hourglass
     Job.Status.QUEUED: "\u25f7",  # clock
     Job.Status.RUNNING: "\u25b6",  # play
     Job.Status.COMPLETED: "\u2714",  # check

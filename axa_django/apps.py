@@ -12,4 +12,6 @@ class AxaDjangoConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from . import workflows  # noqa: F401 - registers the batch callback job in every process
+
         autodiscover_modules("jobs")

@@ -52,6 +52,8 @@ MAX_NAME_LENGTH = 200  # rows.MAX_NAME_LENGTH; rows imports models, too early he
 _OPTIONS = ("MAX_ATTEMPTS", "BACKOFF")
 
 _STATUSES = {
+    # A task row never waits on parents (after= is a background_job option); one set so has not started.
+    "waiting": TaskResultStatus.READY,
     "queued": TaskResultStatus.READY,
     "running": TaskResultStatus.RUNNING,
     "completed": TaskResultStatus.SUCCESSFUL,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import json
 import threading
 import time
 import uuid
@@ -36,6 +37,29 @@ class JobContext:
     def timed_out(self) -> bool:
         """True once this attempt has run past its timeout."""
         return self._deadline_monotonic is not None and time.monotonic() >= self._deadline_monotonic
+
+    def parent_results(self) -> dict[uuid.UUID, Any]:
+        """The return values of this job's parents (after=), by parent id, oldest parent first.
+
+        A parent that did not complete (it failed, or was cancelled, and this job runs
+        anyway) maps to None; a parent pruned meanwhile is left out.
+        """
+        from django.db import connections
+
+        from . import conf  # lazily: settings.py may import axa_django, and this needs settings
+
+        # The statement is dependencies.PARENT_RESULTS; spelled here, as context sits below it.
+        with connections[conf.queue_database()].cursor() as cursor:
+            cursor.execute(
+                "SELECT q.id, q.status, q.result::text FROM axa_dependency d JOIN axa_queue q ON q.id = d.parent_id "
+                "WHERE d.child_id = %s ORDER BY q.created_at, q.id",
+                [self.job_id],
+            )
+            rows = cursor.fetchall()
+        return {
+            job_id: json.loads(text) if status == "completed" and text is not None else None
+            for job_id, status, text in rows
+        }
 
     def cancel(self) -> None:
         """Mark this job as asked to stop; the worker calls this when it sees the request."""

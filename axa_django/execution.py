@@ -18,7 +18,7 @@ import psycopg
 from asgiref.sync import async_to_sync
 from django.db import connections
 
-from . import conf, sql
+from . import conf, dependencies, sql
 from .arguments import ArgumentsMismatch, encode, prepare_call
 from .attempts import RAISE_INLINE, Attempt, JobFailed, Recorder
 from .context import JobCancelled, JobContext, run_cancellable
@@ -194,11 +194,18 @@ def _as_json(o: Outcome) -> str:
 
 def finish(cursor: psycopg.Cursor[Any], outcomes: list[Outcome], worker_id: uuid.UUID | None) -> set[uuid.UUID]:
     """Write outcomes in one statement; return the ids whose guard held."""
+    # Rows are locked in id order, as an enqueue with after= locks its parents: no deadlock.
+    outcomes = sorted(outcomes, key=lambda o: o.id)
     # One JSON text for the whole batch: result and entry are JSON already and go in
     # as they are, so nothing is encoded twice and psycopg adapts a single string.
     document = ",".join(map(_as_json, outcomes))
     cursor.execute(sql.FINISH, {"outcomes": f"[{document}]", "worker": worker_id})
-    return {row[0] for row in cursor.fetchall()}
+    written = {row[0] for row in cursor.fetchall()}
+    if len(written) < len(outcomes):  # jobs with children (or rescued meanwhile): see dependencies.py
+        left = ",".join(_as_json(o) for o in outcomes if o.id not in written)
+        params = {"outcomes": f"[{left}]", "worker": worker_id}
+        written |= dependencies.finish_parents(cursor, sql.FINISH_PARENTS, params)
+    return written
 
 
 def run_inline(job: Any, function: Any) -> None:

@@ -9,7 +9,7 @@ from django.db import IntegrityError, connections, models, transaction
 from django.db.models.functions import Now
 from psycopg.types.json import Jsonb
 
-from . import sql
+from . import dependencies, sql
 
 # One row of sql.RETRY: the job's id, whether it was queued again, and else the job holding its key.
 Row = tuple[uuid.UUID, bool, uuid.UUID | None]
@@ -51,7 +51,7 @@ def _retry_one(using: str, job_id: uuid.UUID) -> list[Row]:
     """Retry one job; if its key is taken meanwhile, report the job holding it (None once that one is gone)."""
     holder = None
     for _ in range(3):
-        rows = _retry_rows(using, sql.RETRY.format(candidates="WHERE q.id = %s"), [job_id])
+        rows = _retry_rows(using, dependencies.RETRY.format(candidates="WHERE q.id = %s"), [job_id])
         if rows is not None:
             return rows
         key = Job.objects.using(using).filter(pk=job_id).values("name", "unique_key").first()
@@ -82,7 +82,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         with it, the latest failure first) stays failed and is listed in ``skipped``.
         """
         subquery, params = self.filter(status=Job.Status.FAILED).order_by().values("id").query.sql_with_params()
-        statement = sql.RETRY.format(candidates=f"WHERE q.id IN ({subquery})")
+        statement = dependencies.RETRY.format(candidates=f"WHERE q.id IN ({subquery})")
         # Only a concurrent enqueue or retry that took a key after this statement's
         # snapshot can conflict; run again, and it sees that job as the holder.
         for _ in range(3):
@@ -104,10 +104,25 @@ class JobQuerySet(models.QuerySet["Job"]):
         return result
 
     def cancel(self) -> int:
-        """Cancel queued jobs and ask running ones to stop; return how many changed."""
-        queued = self.filter(status=Job.Status.QUEUED).update(
-            status=Job.Status.CANCELLED, finished_at=Now(), updated_at=Now()
+        """Cancel queued and waiting jobs (and the descendants waiting on them) and ask running ones to stop.
+
+        Return how many of these jobs changed.
+        """
+        subquery, params = (
+            self.filter(status__in=[Job.Status.QUEUED, Job.Status.WAITING])
+            .order_by()
+            .values("id")
+            .query.sql_with_params()
         )
+        with transaction.atomic(using=self.db), connections[self.db].cursor() as cursor:
+            cursor.execute(
+                "UPDATE axa_queue SET status = 'cancelled', finished_at = now(), updated_at = now() "
+                f"WHERE id IN ({subquery}) AND status IN ('queued', 'waiting') RETURNING id, has_children",
+                params,
+            )
+            rows = cursor.fetchall()
+            dependencies.settle(cursor, [job_id for job_id, has_children in rows if has_children])
+        queued = len(rows)
         # Flag running jobs and NOTIFY their workers in one statement; the worker's
         # heartbeat relays the flag too, for workers that do not listen.
         subquery, params = (
@@ -159,6 +174,7 @@ class Job(models.Model):
     """One job: a row of ``axa_queue``."""
 
     class Status(models.TextChoices):
+        WAITING = "waiting"
         QUEUED = "queued"
         RUNNING = "running"
         COMPLETED = "completed"
@@ -193,6 +209,12 @@ class Job(models.Model):
     timeout = models.FloatField(null=True, blank=True)
     concurrency_key = models.TextField(null=True, blank=True)
     rate_key = models.TextField(null=True, blank=True)
+    # Workflows (dependencies.py): parents not yet finished, whether any job names this
+    # one in after=, what to do when a parent fails (NULL: cancel), and the group.
+    pending_parents = models.IntegerField(db_default=0)
+    has_children = models.BooleanField(db_default=False)
+    on_parent_failure = models.TextField(null=True, blank=True)
+    workflow_id = models.UUIDField(null=True, blank=True)
 
     objects = JobQuerySet.as_manager()
 
@@ -268,6 +290,9 @@ class Job(models.Model):
                 name="axa_queue_claim_rated",
                 condition=models.Q(status="queued", rate_key__isnull=False),
             ),
+            models.Index(
+                fields=["workflow_id"], name="axa_queue_workflow", condition=models.Q(workflow_id__isnull=False)
+            ),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -287,7 +312,7 @@ class Job(models.Model):
         return changed
 
     def cancel(self) -> bool:
-        """Cancel this job if queued, or ask its worker to stop it if running."""
+        """Cancel this job (and its descendants) if queued or waiting, or ask its worker to stop it if running."""
         changed = Job.objects.filter(pk=self.pk).cancel() == 1
         self.refresh_from_db()
         return changed
@@ -298,6 +323,60 @@ class Job(models.Model):
         if self.started_at and self.finished_at:
             return self.finished_at - self.started_at
         return None
+
+
+class Dependency(models.Model):
+    """An edge of a workflow: ``child`` runs once ``parent`` has finished; ``done`` once that was counted."""
+
+    id = models.BigAutoField(primary_key=True)
+    parent_id = models.UUIDField()
+    child_id = models.UUIDField()
+    done = models.BooleanField(db_default=False)
+
+    class Meta:
+        db_table = "axa_dependency"
+        constraints = [models.UniqueConstraint(fields=["parent_id", "child_id"], name="axa_dependency_edge")]
+        indexes = [
+            models.Index(fields=["child_id"], name="axa_dependency_child"),
+            # Edges not yet counted: few, whatever the history (dependencies.SWEEP).
+            models.Index(fields=["parent_id"], name="axa_dependency_pending", condition=models.Q(done=False)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.parent_id} -> {self.child_id}"
+
+
+class Workflow(models.Model):
+    """A named group of jobs written together: a ``workflow()`` or a ``batch()``."""
+
+    class Kind(models.TextChoices):
+        WORKFLOW = "workflow"
+        BATCH = "batch"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    kind = models.TextField(choices=Kind, default=Kind.WORKFLOW)
+    name = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "axa_workflow"
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name or self.id}"
+
+    def jobs(self) -> JobQuerySet:
+        """The jobs of this group, callbacks included."""
+        return Job.objects.using(self._state.db).filter(workflow_id=self.id)
+
+    def counts(self) -> dict[str, int]:
+        """Jobs of this group by status (every status, 0 where none)."""
+        found = dict(self.jobs().order_by().values_list("status").annotate(n=models.Count("id")))
+        return {status: found.get(status, 0) for status in Job.Status.values}
+
+    def cancel(self) -> int:
+        """Cancel every job of this group not yet finished; return how many changed."""
+        return self.jobs().cancel()
 
 
 class Worker(models.Model):

@@ -22,11 +22,37 @@ _MATCH = "status = ANY(%(statuses)s) AND created_at < %(cutoff)s AND updated_at 
 # ARRAY(subquery) is an InitPlan, run once per statement. With ``id IN (subquery)`` the
 # planner may pick a nested-loop semi join that rescans the subquery per outer row, each
 # rescan locking LIMIT more rows: one "batch" then deletes every matching row.
+# Each deleted row comes back as its id if it has workflow edges (a parent, or a child:
+# every child row names its on_parent_failure), else NULL, and its workflow's id.
 DELETE_BATCH = f"""
 DELETE FROM axa_queue WHERE id = ANY(ARRAY(
     SELECT id FROM axa_queue WHERE {_MATCH} LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ))
+RETURNING CASE WHEN has_children OR on_parent_failure IS NOT NULL THEN id END, workflow_id
 """
+# The edges of deleted jobs: all of a child's, and a parent's counted ones (an uncounted
+# edge still holds a child back until housekeeping settles it); and the workflows and
+# batches left with no job.
+DELETE_LINKS = """
+WITH edges AS (
+    DELETE FROM axa_dependency
+    WHERE child_id = ANY(%(ids)s::uuid[]) OR (parent_id = ANY(%(ids)s::uuid[]) AND done)
+)
+DELETE FROM axa_workflow w
+WHERE w.id = ANY(%(groups)s::uuid[]) AND NOT EXISTS (SELECT 1 FROM axa_queue q WHERE q.workflow_id = w.id)
+"""
+
+
+def _delete_batch(cursor: Any, params: dict[str, Any]) -> int:
+    cursor.execute(DELETE_BATCH, params)
+    rows = cursor.fetchall()
+    linked = [row[0] for row in rows if row[0] is not None]
+    groups = list({row[1] for row in rows if row[1] is not None})
+    if linked or groups:
+        cursor.execute(DELETE_LINKS, {"ids": linked, "groups": groups})
+    return len(rows)
+
+
 COUNT = f"SELECT count(*) FROM axa_queue WHERE {_MATCH}"
 
 
@@ -81,8 +107,7 @@ def prune_batch(
     params = {"statuses": _statuses(statuses), "limit": batch_size}
     with connections[using or conf.get("DATABASE")].cursor() as cursor:
         params["cutoff"] = _cutoff(cursor, older_than)
-        cursor.execute(DELETE_BATCH, params)
-        return cursor.rowcount
+        return _delete_batch(cursor, params)
 
 
 def prune(
@@ -109,8 +134,7 @@ def prune(
         # A fixed cutoff: rows finishing while we prune are not chased.
         params["cutoff"] = _cutoff(cursor, older_than)
         while True:
-            cursor.execute(DELETE_BATCH, params)
-            deleted = cursor.rowcount
+            deleted = _delete_batch(cursor, params)
             total += deleted
             if progress is not None:
                 progress(deleted, total)

@@ -13,12 +13,12 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.db import connections
+from django.db import OperationalError, connections, transaction
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
-from . import conf
+from . import conf, dependencies
 from .arguments import arguments_of, encode, task_arguments_of
 from .models import Job
 from .signals import job_enqueued
@@ -49,6 +49,10 @@ _FRESH: dict[str, Any] = {
     "errors": [],
     "result": None,
     "cancel_requested": False,
+    "pending_parents": 0,
+    "has_children": False,
+    "on_parent_failure": None,
+    "workflow_id": None,
 }
 _COLUMNS = (
     "id, name, args, queue, priority, run_at, max_attempts, unique_key, backend, timeout, concurrency_key, rate_key"
@@ -94,6 +98,10 @@ class Options:
     timeout: float | None = None
     concurrency_key: str | None = None
     rate_key: str | None = None
+    # Workflows: the parent jobs' ids, what to do if one fails, and the group written with.
+    after: tuple[uuid.UUID, ...] = ()
+    on_parent_failure: str = "cancel"
+    workflow: uuid.UUID | None = None
 
     def checked(self) -> Options:
         """Return these options, validated (``delay`` is added to now() at enqueue, by the database)."""
@@ -111,6 +119,14 @@ class Options:
         if self.backend is not None:
             check_text(self.backend, "backend alias")
         check_flow(self)
+        if not isinstance(self.after, tuple) or not all(isinstance(a, uuid.UUID) for a in self.after):
+            return replace(self, after=dependencies.parent_ids(self.after)).checked()
+        dependencies.check_policy(self.on_parent_failure)
+        if (self.after or self.workflow is not None) and self.unique_key is not None:
+            raise ValueError(
+                "a job with after= (or in a workflow or batch) cannot have a unique key: a waiting job does not "
+                "hold its key; drop unique_key (or the job's unique=), or enqueue it on its own"
+            )
         if self.on_duplicate not in ("return", "raise"):
             raise ValueError(f"on_duplicate must be 'return' or 'raise', not {self.on_duplicate!r}")
         run_at = self.run_at
@@ -179,12 +195,12 @@ def check_name(name: Any) -> str:
     return check_text(name, "job name")
 
 
-def _params(name: str, args: dict[str, Any], options: Options) -> list[Any]:
+def _params(name: str, args: dict[str, Any], options: Options, job_id: uuid.UUID | None = None) -> list[Any]:
     task = options.backend is not None
     where, levels = (task_arguments_of(name), 2) if task else (arguments_of(name), 1)
     text = encode(args, where, conf.get("MAX_ARGS_BYTES"), levels=levels)
     return [
-        uuid.uuid4(),
+        job_id or uuid.uuid4(),
         name,
         text,
         options.queue,
@@ -251,6 +267,9 @@ def _build(params: list[Any], args: dict[str, Any], times: Sequence[Any], using:
 def write(name: str, args: dict[str, Any], options: Options, sender: Sender) -> Job:
     """Insert one job row (one statement) and return it as a Job."""
     using = conf.queue_database()
+    if options.after or options.workflow is not None:
+        job = write_children([(name, args, options, None)], sender, full=True)[0]
+        return job
     params = _params(name, args, options)
     unique = options.unique_key is not None
     sql = f"INSERT INTO axa_queue ({_COLUMNS}) VALUES {_VALUES} {_ON_UNIQUE if unique else ''} RETURNING {_RETURNING}"
@@ -315,6 +334,9 @@ def _as_json(row: list[Any]) -> str:
 def write_many(items: Iterable[tuple[str, dict[str, Any], Options]], sender: Sender) -> BulkResult:
     """Insert many rows in one statement; validate every item before writing any."""
     using = conf.queue_database()
+    items = list(items)
+    if any(options.after or options.workflow is not None for _, _, options in items):
+        return write_children([(name, args, options, None) for name, args, options in items], sender)
     rows: list[list[Any]] = []
     arguments: list[dict[str, Any]] = []
     for index, (name, args, options) in enumerate(items):
@@ -340,4 +362,114 @@ def write_many(items: Iterable[tuple[str, dict[str, Any], Options]], sender: Sen
     result.skipped = len(rows) - len(result)
     for job in result:
         job_enqueued.send(sender=sender, job=job)
+    return result
+
+
+# Rows with parents (after=) or in a workflow: the parents are locked in id order and
+# marked has_children (so that their FINISH settles this child: see dependencies.py),
+# and their status read under that lock decides the child's: waiting while some have
+# not finished, cancelled if one did not complete (unless it runs anyway), else queued.
+# Every parent must exist, or nothing is inserted. One statement per set of parents.
+_CHILDREN = f"""
+WITH locked AS (
+    SELECT id FROM axa_queue WHERE id = ANY(%s::uuid[]) ORDER BY id FOR UPDATE
+), parents AS (
+    UPDATE axa_queue q SET has_children = true FROM locked WHERE q.id = locked.id RETURNING q.id, q.status
+), state AS (
+    SELECT count(*) AS found,
+        count(*) FILTER (WHERE status NOT IN ('completed', 'failed', 'cancelled')) AS pending,
+        (array_agg(id ORDER BY id) FILTER (WHERE status IN ('failed', 'cancelled')))[1] AS bad,
+        (array_agg(status ORDER BY id) FILTER (WHERE status IN ('failed', 'cancelled')))[1] AS bad_status
+    FROM parents
+), choice AS (
+    SELECT s.*, CASE WHEN s.bad IS NOT NULL AND %s <> 'run' THEN 'cancelled'
+                     WHEN s.pending > 0 THEN 'waiting' ELSE 'queued' END AS status
+    FROM state s WHERE s.found = %s
+), inserted AS (
+    INSERT INTO axa_queue ({_COLUMNS}, status, pending_parents, on_parent_failure, workflow_id, error, finished_at)
+    SELECT v.*, c.status, CASE WHEN c.status = 'waiting' THEN c.pending ELSE 0 END, %s, %s::uuid,
+        CASE WHEN c.status = 'cancelled' THEN format(
+            '{dependencies.PARENT_FAILED}: parent job %%s ended %%s, so this job was cancelled', c.bad, c.bad_status)
+        END,
+        CASE WHEN c.status = 'cancelled' THEN now() END
+    FROM ({_FROM_JSON}) AS v CROSS JOIN choice c
+    RETURNING id, status
+), edges AS (
+    INSERT INTO axa_dependency (parent_id, child_id, done)
+    SELECT p.id, i.id, p.status IN ('completed', 'failed', 'cancelled') FROM parents p CROSS JOIN inserted i
+)
+SELECT id, status FROM inserted
+"""
+
+
+def _children(using: str, cursor: Any, params: list[Any]) -> list[tuple[Any, ...]]:
+    """Run _CHILDREN; again if it lost a deadlock (a finisher locking the same parents in another order)."""
+    for attempt in range(5):
+        try:
+            with transaction.atomic(using=using):
+                cursor.execute(_CHILDREN, params)
+                return list(cursor.fetchall())
+        except OperationalError as error:
+            if attempt == 4 or not isinstance(error.__cause__, psycopg.errors.DeadlockDetected):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _missing(cursor: Any, ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
+    cursor.execute("SELECT id FROM axa_queue WHERE id = ANY(%s::uuid[])", [list(ids)])
+    found = {row[0] for row in cursor.fetchall()}
+    return [job_id for job_id in ids if job_id not in found]
+
+
+def write_children(
+    items: Sequence[tuple[str, dict[str, Any], Options, uuid.UUID | None]],
+    sender: Sender | Sequence[Sender],
+    full: bool = False,
+) -> BulkResult:
+    """Insert rows with parents, one statement per run of items with the same parents, all or none.
+
+    ``sender``: job_enqueued's sender, or one per item. ``full``: load every column of
+    the rows back (one row, for perform_later).
+    """
+    using = conf.queue_database()
+    prepared = []
+    for index, (name, args, options, job_id) in enumerate(items):
+        try:
+            prepared.append((_params(name, args, options, job_id), options, args))
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"item {index}: {error}") from None
+    result = BulkResult()
+    statuses: dict[uuid.UUID, str] = {}
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        start = 0
+        while start < len(prepared):
+            key = (prepared[start][1].after, prepared[start][1].on_parent_failure, prepared[start][1].workflow)
+            end = start + 1
+            while end < len(prepared) and (
+                (prepared[end][1].after, prepared[end][1].on_parent_failure, prepared[end][1].workflow) == key
+            ):
+                end += 1
+            after, policy, workflow = key
+            document = "[" + ",".join(_as_json(row) for row, _, _ in prepared[start:end]) + "]"
+            params = [list(after), policy, len(after), policy, workflow, document]
+            rows = _children(using, cursor, params)
+            if len(rows) != end - start:
+                missing = _missing(cursor, after)
+                raise ValueError(
+                    f"after= names job(s) that do not exist: {', '.join(map(str, missing)) or '(deleted meanwhile)'}; "
+                    "pass jobs returned by perform_later (a job must exist before another can wait for it); "
+                    "nothing was enqueued"
+                )
+            statuses.update(rows)
+            start = end
+        if full:
+            result.append(Job.objects.using(using).get(pk=prepared[0][0][0]))
+    if not full:
+        for row, _options, args in prepared:
+            job_id = row[0]
+            values = [job_id, row[1], args, statuses[job_id], row[3], row[4], row[8], row[9], row[10]]
+            result.append(_job(using, dict(zip(_BULK_FIELDS, values, strict=True))))
+    senders = list(sender) if isinstance(sender, Sequence) else [sender] * len(result)
+    for job, job_sender in zip(result, senders, strict=True):
+        job_enqueued.send(sender=job_sender, job=job)
     return result

@@ -31,7 +31,7 @@ from typing import Any
 import psycopg
 from django.db import connections
 
-from . import conf, housekeeping, registry, sql, unhandled
+from . import conf, dependencies, housekeeping, registry, sql, unhandled
 from .context import JobContext
 from .execution import (
     Claimed,
@@ -358,6 +358,7 @@ class Worker(Connections, Loops, FlowLoops):
         rows = self._execute(sql.FAIL_NEVER_DUE, {}, bounded=True)
         if rows:
             logger.warning("failed %d job(s) whose run_at was 'infinity'", len(rows))
+        self._execute(dependencies.SWEEP, {}, bounded=True)  # children of parents ended outside a finisher
 
     def _housekeep(self) -> float:
         """Rescue, then periodic jobs and pruning; return seconds until the next housekeeping."""

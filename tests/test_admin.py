@@ -512,7 +512,7 @@ def test_dashboard_counts_oldest_ready_chart_and_workers(admin_client: Client) -
     response = admin_client.get(DASHBOARD)
     assert response.status_code == 200
     stats = response.context["stats"]
-    assert stats.counts == {"queued": 2, "running": 1, "completed": 3, "failed": 1, "cancelled": 0}
+    assert stats.counts == {"waiting": 0, "queued": 2, "running": 1, "completed": 3, "failed": 1, "cancelled": 0}
     assert stats.ready == 1
     assert datetime.timedelta(minutes=89) < stats.oldest_ready_age < datetime.timedelta(minutes=95)
     assert len(stats.hours) == 24

@@ -104,6 +104,7 @@ PAGE_TESTS = {
     "docs/upgrading.md",
     "docs/performance.md",
     "docs/flow-control.md",
+    "docs/workflows.md",
 }
 
 
@@ -604,3 +605,42 @@ def test_flow_control_page():
             call_command(*argv[1:], stdout=out)
         text = out.getvalue()
         assert "queue 'emails' paused" in text and "queue 'emails' resumed" in text and "QUEUE" in text
+
+
+# -- docs/workflows.md ---------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_workflows_page():
+    import builtins
+
+    from axa_django import registry, workflows
+    from axa_django.models import Dependency, Workflow
+
+    orders = [types.SimpleNamespace(pk=pk) for pk in (1, 2, 3)]
+    with open_page("docs/workflows.md") as page:
+        # The page's registry starts empty; every process has the batch callback job.
+        registry.registry[workflows.CALLBACK] = workflows.batch_callback
+        jobs = page.module("# shop/jobs.py")
+        # The page's 10,000 rows, cut to 30 here: tests/test_workflows_fanin.py runs 10,000 on real workers.
+        ns = page.run(
+            "from shop.jobs import email_summary, import_file, process_row",
+            path="/data/rows.csv",
+            range=lambda n: builtins.range(min(n, 30)),
+        )
+        assert ns["summary"].status == "waiting" and len(ns["row_jobs"]) == 30
+        assert Dependency.objects.filter(child_id=ns["summary"].pk).count() == 30
+        ns = page.run("from axa_django import workflow", u="https://example.com/feed")
+        assert [job.status for job in (ns["a"], ns["b"], ns["c"])] == ["queued", "waiting", "waiting"]
+        ns = page.run("from axa_django import batch", orders=orders)
+        assert Workflow.objects.get(pk=ns["b"].id).kind == "batch"
+        run_jobs()
+        summary = Job.objects.get(pk=ns["summary"].pk)
+        assert (summary.status, summary.result) == ("completed", 30)
+        assert set(Job.objects.values_list("status", flat=True)) == {"completed"}
+        callback = Job.objects.get(name="axa_django.batch_callback", args__kind="complete")
+        assert callback.queue == "reports" and callback.result["completed"] == 3
+        assert Job.objects.get(name="axa_django.batch_callback", args__kind="failure").result["called"] is False
+        ns = page.run("wf.cancel()  # every job of the group not yet finished")
+        assert ns["wf"].workflow.counts()["completed"] == 3
+        assert jobs.report.name == "shop.jobs.report"

@@ -11,7 +11,15 @@ from django.db import connection, transaction
 import axa_django
 
 MIGRATIONS = Path(axa_django.__file__).parent / "migrations"
-TABLES = ("axa_queue", "axa_worker", "axa_schedule", "axa_paused_queue", "axa_rate_bucket")
+TABLES = (
+    "axa_queue",
+    "axa_worker",
+    "axa_schedule",
+    "axa_paused_queue",
+    "axa_rate_bucket",
+    "axa_dependency",
+    "axa_workflow",
+)
 PROBE = "axa_house_probe"
 
 # Columns, defaults, indexes and constraints of the app's tables in one schema.
@@ -43,8 +51,12 @@ def catalog(schema: str) -> dict[str, set[tuple[object, ...]]]:
 
 
 def test_the_app_has_one_initial_migration():
-    # Branch migrations (0002_<branch>) are renumbered and chained by the lead at merge.
-    assert sorted(path.name for path in MIGRATIONS.glob("0*.py")) == ["0001_initial.py", "0002_flow.py"]
+    # Each feature's migration, chained after 0001_initial.
+    assert sorted(path.name for path in MIGRATIONS.glob("0*.py")) == [
+        "0001_initial.py",
+        "0002_flow.py",
+        "0003_workflow.py",
+    ]
 
 
 @pytest.mark.django_db
@@ -66,7 +78,7 @@ def test_the_migrated_schema_is_the_models_schema():
         assert migrated[kind] == built[kind], kind
     names = {index.name for model in models for index in model._meta.indexes}
     assert names <= {name for _, name, _ in migrated["indexes"]}
-    assert len(names) == 11
+    assert len(names) == 14  # flow: 3; workflows: axa_queue_workflow, axa_dependency_child, _pending
 
 
 @pytest.mark.django_db

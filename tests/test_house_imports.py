@@ -28,6 +28,7 @@ ORDER = [
     "checks",
     "pruning",
     "unhandled",
+    "dependencies",
     # The tables.
     "models",
     # Writing rows (enqueue), then running them.
@@ -37,6 +38,7 @@ ORDER = [
     # @background_job and the django.tasks backend.
     "registry",
     "backends",
+    "workflows",
     "cron",
     "selection",
     "taskrunner",
@@ -56,6 +58,7 @@ ORDER = [
     "admin_lists",
     "admin_actions",
     "admin_queues",
+    "admin_workflows",
     "admin",
     "management",
     "management.commands",
@@ -73,6 +76,11 @@ LAZY = {
     ("", "models"),
     ("", "registry"),
     ("", "rows"),
+    ("", "workflows"),
+    ("apps", "workflows"),
+    # JobContext loads with the package (settings.py); parent_results needs the settings.
+    ("context", "conf"),
+    ("context", "django"),
     # Django may build the tasks backend while apps load (@task in a models module).
     ("backends", "models"),
     ("backends", "rows"),
