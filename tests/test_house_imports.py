@@ -26,6 +26,8 @@ ORDER = [
     "checks",
     "pruning",
     "unhandled",
+    "fleetstats",
+    "health",
     # The tables.
     "models",
     # Writing rows (enqueue), then running them.
@@ -52,6 +54,7 @@ ORDER = [
     "admin",
     "management",
     "management.commands",
+    "management.commands.jobhealth",
     "management.commands.listjobs",
     "management.commands.prunejobs",
     "management.commands.runworker",

@@ -1,1 +1,15 @@
 """Jobs of the ops tests."""
+
+import time
+
+from axa_django import background_job
+
+
+@background_job(name="ops.noop")
+def noop(n: int = 0) -> int:
+    return n
+
+
+@background_job(name="ops.sleep")
+def nap(seconds: float) -> None:
+    time.sleep(seconds)  # on purpose: a job that is still running when the test looks

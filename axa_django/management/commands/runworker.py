@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from axa_django.health import check_health_file
 from axa_django.logs import configure_for_command
 from axa_django.selection import check_queue
 from axa_django.worker import CannotConnect, NotMigrated, PoolerMisconfigured, UnknownJobs, Worker
@@ -37,6 +38,13 @@ def _grace(text: str) -> float:
     return _seconds(text, allow_zero=True)
 
 
+def _health_file(text: str) -> str:
+    try:
+        return check_health_file(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _queue(text: str) -> str:
     try:
         return check_queue(text)
@@ -62,6 +70,12 @@ class Command(BaseCommand):
             default=None,
             help="seconds jobs may finish after SIGTERM (default: no limit)",
         )
+        parser.add_argument(
+            "--health-file",
+            type=_health_file,
+            default=None,
+            help="touch this file at start and at each heartbeat (for exec probes that cannot reach the database)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_for_command(options["verbosity"])
@@ -80,6 +94,7 @@ class Command(BaseCommand):
             raise CommandError(str(error), returncode=2) from None
         except ValueError as error:
             raise CommandError(str(error)) from None
+        worker.health_file = options["health_file"]
         try:
             code = worker.run()
         except (CannotConnect, NotMigrated, PoolerMisconfigured) as error:
