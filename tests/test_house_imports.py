@@ -23,6 +23,7 @@ ORDER = [
     "devdb",
     "pagination",
     "cronexpr",
+    "budget",
     "checks",
     "pruning",
     "unhandled",

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from axa_django.budget import start_line
 from axa_django.health import check_health_file
 from axa_django.logs import configure_for_command
 from axa_django.selection import check_queue
@@ -95,6 +97,7 @@ class Command(BaseCommand):
         except ValueError as error:
             raise CommandError(str(error)) from None
         worker.health_file = options["health_file"]
+        logging.getLogger("axa_django").info(start_line(worker.concurrency, worker.notify))
         try:
             code = worker.run()
         except (CannotConnect, NotMigrated, PoolerMisconfigured) as error:
