@@ -49,6 +49,9 @@ ORDER = [
     # Beside the top: test helpers, the admin, commands, the app config and the package.
     "testing",
     "dashboard",
+    "metrics",
+    "views",
+    "urls",
     "admin_display",
     "admin_lists",
     "admin_actions",
