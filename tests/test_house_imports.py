@@ -29,6 +29,7 @@ ORDER = [
     "unhandled",
     "fleetstats",
     "health",
+    "tracing",
     # The tables.
     "models",
     # Writing rows (enqueue), then running them.

@@ -13,3 +13,8 @@ def noop(n: int = 0) -> int:
 @background_job(name="ops.sleep")
 def nap(seconds: float) -> None:
     time.sleep(seconds)  # on purpose: a job that is still running when the test looks
+
+
+@background_job(name="ops.boom")
+def boom() -> None:
+    raise RuntimeError("boom on purpose")
