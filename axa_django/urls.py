@@ -6,4 +6,7 @@ from . import views
 
 app_name = "axa_django"
 
-urlpatterns = [path("metrics", views.metrics, name="metrics")]
+urlpatterns = [
+    path("metrics", views.metrics, name="metrics"),
+    path("dashboard.json", views.dashboard_data, name="dashboard-data"),
+]
