@@ -18,3 +18,13 @@ def nap(seconds: float) -> None:
 @background_job(name="ops.boom")
 def boom() -> None:
     raise RuntimeError("boom on purpose")
+
+
+@background_job(name="ops.fleet")
+def fleet(ms: float = 1.0) -> None:
+    time.sleep(ms / 1000)  # on purpose: a job of about ``ms`` milliseconds
+
+
+@background_job(name="ops.fleet_slow", max_attempts=3)
+def fleet_slow(ms: float = 50.0) -> None:
+    time.sleep(ms / 1000)  # on purpose: still running when the link is cut
