@@ -14,9 +14,9 @@ OWN = ("dispatcher", "heartbeat", "finisher", "listener")
 MARGIN_MIN = 5
 MARGIN_SHARE = 0.2
 
-# The server's limits and, for live workers, the connections each may hold (own four plus
-# one per job thread: the upper bound, since a job thread connects only if its job uses
-# the database).
+# The server's limits and, for live workers, the connections each may hold (own four, one
+# per job thread and the dispatcher's Django one: the upper bound, since those connect only
+# when jobs use the database).
 FLEET = """
 SELECT current_setting('max_connections')::int,
        current_setting('superuser_reserved_connections')::int,
@@ -28,19 +28,24 @@ SELECT current_setting('max_connections')::int,
 """
 
 
+# Beyond its own and its job threads': the dispatcher thread's Django connection, used by
+# periodic jobs and pruning.
+EXTRA = 1
+
+
 def worker_connections(concurrency: int, listens: bool) -> tuple[int, int]:
-    """(its own connections, at most one more per job thread) for one worker process."""
-    return len(OWN) - (0 if listens else 1), concurrency
+    """(its own connections, at most this many more: one per job thread and the dispatcher's Django one)."""
+    return len(OWN) - (0 if listens else 1), concurrency + EXTRA
 
 
 def start_line(concurrency: int, listens: bool) -> str:
     """What runworker says at start about the connections it will hold."""
-    own, threads = worker_connections(concurrency, listens)
+    own, more = worker_connections(concurrency, listens)
     names = ", ".join(OWN if listens else OWN[:-1])
     return (
-        f"this worker holds up to {own + threads} database connections: {own} of its own ({names}) and one per "
-        f"job thread ({threads}) while its jobs use the database; size max_connections for every worker (docs/"
-        "operations.md, Sizing)"
+        f"this worker holds up to {own + more} database connections: {own} of its own ({names}), one per job "
+        f"thread ({concurrency}) while its jobs use the database, and {EXTRA} for periodic jobs and pruning; size "
+        "max_connections for every worker (docs/operations.md, Sizing)"
     )
 
 
@@ -73,7 +78,7 @@ class Fleet:
 def fleet(alias: str, lease: float) -> Fleet:
     """Read the limits and the live workers' total from ``alias``."""
     with connections[alias].cursor() as cursor:
-        cursor.execute(FLEET, {"lease": lease, "own": len(OWN)})
+        cursor.execute(FLEET, {"lease": lease, "own": len(OWN) + EXTRA})
         row: Any = cursor.fetchone()
     max_conn, superuser, reserved, count, hold, in_use = row
     return Fleet(int(max_conn), int(superuser) + int(reserved), int(count), int(hold), int(in_use))
@@ -83,7 +88,7 @@ def warning_text(found: Fleet) -> tuple[str, str]:
     """(message, hint) for the system check when ``found`` is tight."""
     message = (
         f"The {found.workers} live worker(s) may hold up to {found.workers_hold} connections (concurrency + "
-        f"{len(OWN)} each); with {found.margin} kept for web processes and the rest, that reaches the "
+        f"{len(OWN) + EXTRA} each); with {found.margin} kept for web processes and the rest, that reaches the "
         f"{found.usable} this server allows (max_connections {found.max_connections} minus {found.reserved} "
         f"reserved; {found.in_use} in use now)."
     )

@@ -54,13 +54,18 @@ def timed(function, reps: int) -> tuple[float, float, float]:
     return statistics.median(times), times[min(len(times) - 1, int(len(times) * 0.95))], times[-1]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (the docs' sample is parsed by this)."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--url", default=os.environ.get("DATABASE_URL"), required="DATABASE_URL" not in os.environ)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--keep", action="store_true", help="leave the database for another run")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
 
     import psycopg
 

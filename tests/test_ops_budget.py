@@ -24,7 +24,7 @@ def live_workers(*concurrencies: int, age: float = 0) -> None:
 
 def server_limits() -> tuple[int, int]:
     with connection.cursor() as cursor:
-        cursor.execute(budget.FLEET, {"lease": 3.0, "own": 4})
+        cursor.execute(budget.FLEET, {"lease": 3.0, "own": 5})
         max_conn, superuser, reserved, *_ = cursor.fetchone()
     return max_conn, superuser + reserved
 
@@ -37,14 +37,17 @@ def test_runworker_says_how_many_connections_it_holds(workers):
     proc = workers.start("--burst", "--concurrency", "3", env=workers.env(AXA_LOG_LEVEL="INFO"))
     assert proc.wait(timeout=60) == 0
     assert (
-        "this worker holds up to 7 database connections: 4 of its own (dispatcher, heartbeat, finisher, listener) "
-        "and one per job thread (3) while its jobs use the database" in proc.stdout.read()
+        "this worker holds up to 8 database connections: 4 of its own (dispatcher, heartbeat, finisher, listener), "
+        "one per job thread (3) while its jobs use the database, and 1 for periodic jobs and pruning"
+        in proc.stdout.read()
     )
 
 
 def test_without_listen_the_worker_holds_one_fewer():
-    assert budget.worker_connections(2, listens=False) == (3, 2)
-    assert "up to 5 database connections: 3 of its own (dispatcher, heartbeat, finisher)" in budget.start_line(2, False)
+    assert budget.worker_connections(2, listens=False) == (3, 3)
+    assert "up to 6 database connections: 3 of its own (dispatcher, heartbeat, finisher)," in budget.start_line(
+        2, False
+    )
 
 
 def test_check_warns_when_live_workers_near_max_connections():
@@ -52,13 +55,13 @@ def test_check_warns_when_live_workers_near_max_connections():
     usable = max_conn - reserved
     margin = max(budget.MARGIN_MIN, round(usable * budget.MARGIN_SHARE))
     room = usable - margin  # the workers may hold this many before the warning
-    live_workers(room - 4 - 1)  # one connection short
+    live_workers(room - 5 - 1)  # one connection short
     assert budget_warnings() == []
     live_workers(1, age=60)  # a dead worker's row does not count
     assert budget_warnings() == []
-    live_workers(0)  # four more: now the total plus the margin reaches the limit
+    live_workers(0)  # five more: now the total plus the margin reaches the limit
     (warning,) = budget_warnings()
-    assert warning.msg.startswith(f"The 2 live worker(s) may hold up to {room + 3} connections (concurrency + 4 each)")
+    assert warning.msg.startswith(f"The 2 live worker(s) may hold up to {room + 4} connections (concurrency + 5 each)")
     assert (
         f"reaches the {usable} this server allows (max_connections {max_conn} minus {reserved} reserved" in warning.msg
     )
