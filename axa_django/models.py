@@ -188,6 +188,9 @@ class Job(models.Model):
     unique_key = models.TextField(null=True, blank=True)
     cancel_requested = models.BooleanField(db_default=False)
     backend = models.TextField(null=True, blank=True)
+    # The W3C trace context (traceparent, tracestate) the job was enqueued under; written
+    # and read only by axa_django.tracing.
+    trace_context = RowJSONField(null=True, blank=True, editable=False)
 
     objects = JobQuerySet.as_manager()
 
@@ -239,6 +242,12 @@ class Job(models.Model):
             models.Index(fields=["status", "-created_at"], name="axa_queue_status"),
             # Serves the admin's job list, newest first, without sorting the whole table.
             models.Index(fields=["-created_at"], name="axa_queue_created"),
+            # Serve the health figures (jobhealth, metrics, the live dashboard): ready rows
+            # per queue oldest first, and rows finished in the last minutes.
+            models.Index(fields=["queue", "run_at"], name="axa_queue_ready_queue", condition=models.Q(status="queued")),
+            models.Index(
+                fields=["finished_at"], name="axa_queue_finished", condition=models.Q(finished_at__isnull=False)
+            ),
         ]
         constraints = [
             models.UniqueConstraint(

@@ -43,7 +43,8 @@ def catalog(schema: str) -> dict[str, set[tuple[object, ...]]]:
 
 
 def test_the_app_has_one_initial_migration():
-    assert sorted(path.name for path in MIGRATIONS.glob("0*.py")) == ["0001_initial.py"]
+    # 0002_ops (issue 15) until the lead renumbers or squashes it at merge.
+    assert sorted(path.name for path in MIGRATIONS.glob("0*.py")) == ["0001_initial.py", "0002_ops.py"]
 
 
 @pytest.mark.django_db
@@ -65,7 +66,7 @@ def test_the_migrated_schema_is_the_models_schema():
         assert migrated[kind] == built[kind], kind
     names = {index.name for model in models for index in model._meta.indexes}
     assert names <= {name for _, name, _ in migrated["indexes"]}
-    assert len(names) == 8
+    assert len(names) == 10  # 8 of 0001, 2 of 0002_ops
 
 
 @pytest.mark.django_db
