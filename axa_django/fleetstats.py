@@ -35,10 +35,11 @@ TIMEOUT = "SELECT set_config('statement_timeout', %s, true)"
 # queue), running rows, rows finished in the last 5 minutes, or live workers.
 QUEUE_NAMES = """
 WITH RECURSIVE queued AS (
-    (SELECT 1 AS n, queue FROM axa_queue WHERE status = 'queued' ORDER BY queue LIMIT 1)
+    (SELECT 1 AS n, queue FROM axa_queue WHERE status = 'queued' AND attempts >= 0 ORDER BY queue LIMIT 1)
     UNION ALL
     SELECT p.n + 1, x.queue FROM queued p CROSS JOIN LATERAL (
-        SELECT queue FROM axa_queue WHERE status = 'queued' AND queue > p.queue ORDER BY queue LIMIT 1
+        SELECT queue FROM axa_queue WHERE status = 'queued' AND attempts >= 0 AND queue > p.queue
+        ORDER BY queue LIMIT 1
     ) AS x WHERE p.n < %(queues)s
 )
 SELECT queue FROM queued
@@ -47,16 +48,18 @@ UNION SELECT queue FROM axa_queue WHERE finished_at >= now() - interval '5 minut
 """
 
 # Per queue: ready and scheduled rows (each at most %(cap)s), the oldest ready row's wait.
+# "attempts >= 0" selects axa_queue_ready_queue (claims never say it); a row written by
+# SQL with negative attempts is left out of the figures.
 # A run_at of '-infinity' (another producer's row) reads as 100 years, not an error.
 PER_QUEUE = """
 SELECT q.queue,
-    (SELECT count(*) FROM (SELECT 1 FROM axa_queue WHERE status = 'queued' AND queue = q.queue
+    (SELECT count(*) FROM (SELECT 1 FROM axa_queue WHERE status = 'queued' AND attempts >= 0 AND queue = q.queue
                            AND run_at <= now() LIMIT %(cap)s) AS c),
-    (SELECT count(*) FROM (SELECT 1 FROM axa_queue WHERE status = 'queued' AND queue = q.queue
+    (SELECT count(*) FROM (SELECT 1 FROM axa_queue WHERE status = 'queued' AND attempts >= 0 AND queue = q.queue
                            AND run_at > now() LIMIT %(cap)s) AS c),
     (SELECT CASE WHEN min(run_at) IS NOT NULL
                  THEN extract(epoch FROM now() - GREATEST(min(run_at), now() - interval '100 years'))::float8 END
-     FROM axa_queue WHERE status = 'queued' AND queue = q.queue AND run_at <= now())
+     FROM axa_queue WHERE status = 'queued' AND attempts >= 0 AND queue = q.queue AND run_at <= now())
 FROM unnest(%(queues)s::text[]) AS q(queue)
 """
 

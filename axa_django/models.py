@@ -242,9 +242,15 @@ class Job(models.Model):
             models.Index(fields=["status", "-created_at"], name="axa_queue_status"),
             # Serves the admin's job list, newest first, without sorting the whole table.
             models.Index(fields=["-created_at"], name="axa_queue_created"),
-            # Serve the health figures (jobhealth, metrics, the live dashboard): ready rows
-            # per queue oldest first, and rows finished in the last minutes.
-            models.Index(fields=["queue", "run_at"], name="axa_queue_ready_queue", condition=models.Q(status="queued")),
+            # Serve the health figures (jobhealth, metrics, the live dashboard): queued rows
+            # per queue oldest first, and rows finished in the last minutes. "attempts >= 0"
+            # is in no claim, so the planner cannot take this index for one (it would
+            # filter other names' rows instead of walking axa_queue_claim_queue).
+            models.Index(
+                fields=["queue", "run_at"],
+                name="axa_queue_ready_queue",
+                condition=models.Q(status="queued", attempts__gte=0),
+            ),
             models.Index(
                 fields=["finished_at"], name="axa_queue_finished", condition=models.Q(finished_at__isnull=False)
             ),

@@ -23,7 +23,9 @@ class Migration(migrations.Migration):
         migrations.AddIndex(
             model_name="job",
             index=models.Index(
-                condition=models.Q(("status", "queued")), fields=["queue", "run_at"], name="axa_queue_ready_queue"
+                condition=models.Q(("attempts__gte", 0), ("status", "queued")),
+                fields=["queue", "run_at"],
+                name="axa_queue_ready_queue",
             ),
         ),
         migrations.AddIndex(
