@@ -346,7 +346,7 @@ class QueueDashboardAdmin(admin.ModelAdmin):
                 for q in live.queues
             ],
             "data_url": reverse("admin:axa_django_queuedashboard_data", current_app=self.admin_site.name),
-            "refresh_seconds": dashboard.REFRESH_SECONDS,
+            "refresh_seconds": dashboard.refresh_seconds(request.GET.get("refresh")),
             "unhandled": [
                 (
                     row,

@@ -174,6 +174,13 @@ def chart_svg(hours: list[Hour], width: int = 720, height: int = 180) -> SafeStr
     )
 
 
+def refresh_seconds(asked: str | None) -> int:
+    """The page's refresh interval: ``?refresh=N`` (1 to 60 seconds) or REFRESH_SECONDS."""
+    if asked is not None and asked.isdigit() and 1 <= int(asked) <= 60:
+        return int(asked)
+    return REFRESH_SECONDS
+
+
 def live(snapshot: fleetstats.Snapshot, took: float | None = None) -> dict[str, Any]:
     """What the live dashboard's poll returns: the snapshot plus the totals its cards show."""
     data = snapshot.as_dict()
