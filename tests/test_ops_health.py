@@ -182,3 +182,16 @@ class socket_free_port:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def test_odd_rows_and_sql_looking_names_are_data():
+    insert("ops.noop", "a'); DROP TABLE axa_queue; --", run_at="'-infinity'")
+    insert("ops.noop", "later", run_at="'infinity'")
+    code, out = jobhealth("--max-ready-age", "60", "--queue", "a'); DROP TABLE axa_queue; --", "--json")
+    data = json.loads(out)
+    (queue,) = data["figures"]["queues"]
+    assert code == 1 and queue["ready"] == 1 and queue["oldest_ready_seconds"] > 99 * 365 * 86400
+    assert len(data["reasons"]) == 2 and Job.objects.count() == 2
+    code, out = jobhealth("--json")
+    later = [q for q in json.loads(out)["figures"]["queues"] if q["queue"] == "later"]
+    assert later[0]["scheduled"] == 1 and later[0]["oldest_ready_seconds"] is None
