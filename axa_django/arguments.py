@@ -6,6 +6,7 @@ import inspect
 import json
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 # The deepest nesting of lists and dicts a value may have: deeper input would exhaust
@@ -210,17 +211,66 @@ def encode(value: Any, where: str | Describe, limit: int, *, levels: int = 0) ->
     return text
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """A signature whose every parameter can be passed by name: binding it needs no ``Signature.bind``."""
+
+    names: tuple[str, ...]
+    known: frozenset[str]
+    positional: tuple[str, ...]
+    required: frozenset[str]
+
+
+_BY_NAME = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+# id(signature) -> (signature, its shape or None); the signature is kept so its id stays its own.
+_SHAPES: dict[int, tuple[inspect.Signature, _Shape | None]] = {}
+
+
+def _shape(signature: inspect.Signature) -> _Shape | None:
+    """``signature``'s shape, worked out once; None if it has *args, **kwargs or positional-only parameters."""
+    entry = _SHAPES.get(id(signature))
+    if entry is None or entry[0] is not signature:
+        parameters = list(signature.parameters.values())
+        shape = None
+        if all(p.kind in _BY_NAME for p in parameters):
+            shape = _Shape(
+                names=tuple(p.name for p in parameters),
+                known=frozenset(p.name for p in parameters),
+                positional=tuple(p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                required=frozenset(p.name for p in parameters if p.default is inspect.Parameter.empty),
+            )
+        entry = _SHAPES[id(signature)] = (signature, shape)
+    return entry[1]
+
+
+def _bind_by_name(shape: _Shape, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """The args object of a call that fits ``shape``; None if it does not (Signature.bind then says why)."""
+    if len(args) > len(shape.positional):
+        return None
+    bound = dict(zip(shape.positional, args, strict=False))
+    for key in kwargs:
+        if key in bound or key not in shape.known:
+            return None
+    bound.update(kwargs)
+    if not shape.required.issubset(bound):
+        return None
+    return {name: bound[name] for name in shape.names if name in bound}
+
+
 def bind(signature: inspect.Signature, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """Bind a call to ``signature`` and return the args object (parameter name -> value)."""
-    try:
-        bound = signature.bind(*args, **kwargs)
-    except TypeError as error:
-        raise TypeError(f"job {name!r}: {error}") from None
-    arguments = dict(bound.arguments)
-    for parameter in signature.parameters.values():
-        if parameter.kind is parameter.VAR_POSITIONAL and parameter.name in arguments:
-            # *args binds as a tuple; it is stored as a JSON array, which prepare_call spreads.
-            arguments[parameter.name] = list(arguments[parameter.name])
+    shape = _shape(signature)
+    arguments = _bind_by_name(shape, args, kwargs) if shape is not None else None
+    if arguments is None:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as error:
+            raise TypeError(f"job {name!r}: {error}") from None
+        arguments = dict(bound.arguments)
+        for parameter in signature.parameters.values():
+            if parameter.kind is parameter.VAR_POSITIONAL and parameter.name in arguments:
+                # *args binds as a tuple; it is stored as a JSON array, which prepare_call spreads.
+                arguments[parameter.name] = list(arguments[parameter.name])
     check_json(arguments, arguments_of(name), levels=1)
     return arguments
 
@@ -239,6 +289,9 @@ def prepare_call(signature: inspect.Signature, stored: Any) -> tuple[list[Any], 
     """Turn an args object read from a row into (args, kwargs) for ``signature``."""
     if type(stored) is not dict:
         raise ArgumentsMismatch(f"args must be a JSON object of parameter name -> value, not {type(stored).__name__}")
+    shape = _shape(signature)
+    if shape is not None and shape.known.issuperset(stored) and shape.required.issubset(stored):
+        return [], dict(stored)  # every parameter can be passed by name
     unknown = set(stored) - set(signature.parameters)
     if unknown:
         raise ArgumentsMismatch(f"unexpected argument(s) {', '.join(sorted(map(repr, unknown)))}")

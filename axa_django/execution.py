@@ -26,6 +26,9 @@ from .signals import job_finished, job_started
 
 logger = logging.getLogger("axa_django")
 
+# The longest retry delay written: now() plus this stays a time Python can load.
+MAX_DELAY_SECONDS = 1_000 * 365 * 86_400.0
+
 
 @dataclass
 class Claimed:
@@ -41,6 +44,8 @@ class Claimed:
     # The claim sends args as text: decoding happens in the job thread, where a row
     # that cannot be decoded fails on its own instead of breaking the claim.
     args_json: str | None = field(default=None, repr=False)
+    # Claimed ahead of free threads: started_at is written once a thread starts it.
+    unmarked: bool = False
 
 
 @dataclass
@@ -55,6 +60,8 @@ class Outcome:
     result: str | None = None
     entry: str | None = None
     delay: float = 0.0
+    # When a thread started a row claimed ahead (epoch seconds): its started_at is written with the outcome.
+    started: float | None = None
 
 
 @tracing.traced
@@ -153,7 +160,7 @@ def failure(job: Claimed, function: Any, error: BaseException, worker_id: uuid.U
     allowed = job.max_attempts or (function.attempts_allowed if function else 1)
     permanent = function is None or isinstance(error, ArgumentsMismatch | BadResult | BadRow | NoHandler)
     if not permanent and job.attempt < allowed:
-        delay = max(0.0, function.retry_delay(job.attempt))
+        delay = _bounded(function.retry_delay(job.attempt))
         logger.warning(
             "job %s %s failed (attempt %d of %d), retrying in %.1fs: %s",
             job.name,
@@ -168,20 +175,27 @@ def failure(job: Claimed, function: Any, error: BaseException, worker_id: uuid.U
     return Outcome(job.id, job.name, job.attempt, "failed", error=text, entry=entry)
 
 
+def _bounded(delay: float) -> float:
+    """A backoff's delay as a time Python can load: NaN and negatives are 0, infinity a thousand years."""
+    return min(delay, MAX_DELAY_SECONDS) if delay >= 0 else 0.0
+
+
+def _as_json(o: Outcome) -> str:
+    error = "null" if o.error is None else json.dumps(o.error)
+    result = "null" if o.result is None else '{"v":' + o.result + "}"
+    started = "null" if o.started is None else repr(o.started)
+    return (
+        f'{{"id":"{o.id}","status":"{o.status}","delay":{o.delay!r},"error":{error},"result":{result},'
+        f'"entry":{o.entry or "null"},"started":{started}}}'
+    )
+
+
 def finish(cursor: psycopg.Cursor[Any], outcomes: list[Outcome], worker_id: uuid.UUID | None) -> set[uuid.UUID]:
     """Write outcomes in one statement; return the ids whose guard held."""
-    cursor.execute(
-        sql.FINISH,
-        {
-            "ids": [o.id for o in outcomes],
-            "statuses": [o.status for o in outcomes],
-            "errors": [o.error for o in outcomes],
-            "results": [o.result for o in outcomes],
-            "entries": [o.entry for o in outcomes],
-            "delays": [o.delay for o in outcomes],
-            "worker": worker_id,
-        },
-    )
+    # One JSON text for the whole batch: result and entry are JSON already and go in
+    # as they are, so nothing is encoded twice and psycopg adapts a single string.
+    document = ",".join(map(_as_json, outcomes))
+    cursor.execute(sql.FINISH, {"outcomes": f"[{document}]", "worker": worker_id})
     return {row[0] for row in cursor.fetchall()}
 
 

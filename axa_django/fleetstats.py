@@ -141,7 +141,7 @@ class RunningJob:
     name: str
     queue: str
     attempt: int
-    seconds: float | None
+    seconds: float | None  # None: claimed ahead of a free thread, not started yet
 
 
 @dataclass
@@ -162,8 +162,8 @@ class WorkerStats:
 
     @property
     def busy(self) -> int:
-        """Threads running a job now (as far as the listed jobs tell)."""
-        return len(self.jobs)
+        """Threads running a job now (as far as the listed jobs tell): rows claimed ahead have not started."""
+        return sum(1 for job in self.jobs if job.seconds is not None)
 
     def covers(self, queue: str) -> bool:
         """Whether this worker claims from ``queue``."""

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import json
 import re
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import connections
+from django.db.models.base import ModelState
+from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
 from . import conf
@@ -29,11 +34,22 @@ _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 # Later than this, now() + delay leaves PostgreSQL's timestamp range.
 MAX_DELAY = datetime.timedelta(days=3_650_000)
 
-# Columns read back into a Job, in model order.
+# A Job's fields, in model order. An INSERT reads back only what the database chose
+# (the times); the rest is what was sent or a column default of a fresh row.
 _FIELDS = [f.attname for f in Job._meta.concrete_fields]
-_RETURNING = ", ".join(Job._meta.get_field(f).column for f in _FIELDS)
-# Django loads jsonb as text and decodes it in JSONField.from_db_value.
-_CONVERTERS = [getattr(Job._meta.get_field(f), "from_db_value", None) for f in _FIELDS]
+_READ_BACK = ["run_at", "created_at", "updated_at"]
+_RETURNING = ", ".join(_READ_BACK)
+_FRESH: dict[str, Any] = {
+    "status": "queued",
+    "error": None,
+    "started_at": None,
+    "attempts": 0,
+    "worker_id": None,
+    "finished_at": None,
+    "errors": [],
+    "result": None,
+    "cancel_requested": False,
+}
 _COLUMNS = "id, name, args, queue, priority, run_at, max_attempts, unique_key, backend"
 # run_at: the given time, else the enqueue time + delay, else the enqueue time, from the
 # database clock. The enqueue time is statement_timestamp(), the created_at default
@@ -151,13 +167,48 @@ def _params(name: str, args: dict[str, Any], options: Options) -> list[Any]:
     ]
 
 
-def _build(row: Sequence[Any], using: str) -> Job:
-    connection = connections[using]
-    values = [
-        convert(value, None, connection) if convert and value is not None else value
-        for convert, value in zip(_CONVERTERS, row, strict=True)
-    ]
-    return Job.from_db(using, _FIELDS, values)
+@contextlib.contextmanager
+def _cursor(using: str) -> Iterator[Any]:
+    """A cursor on the queue database's connection, in the caller's transaction.
+
+    Django's own cursor when something watches queries (DEBUG, assertNumQueries, an
+    execute wrapper); else psycopg's client-side cursor on the same connection, which
+    binds as Django's does at half the client CPU of an enqueue.
+    """
+    wrapper = connections[using]
+    if wrapper.queries_logged or wrapper.execute_wrappers:
+        with wrapper.cursor() as cursor:
+            yield cursor
+        return
+    wrapper.ensure_connection()
+    wrapper.validate_no_broken_transaction()
+    with wrapper.wrap_database_errors, psycopg.ClientCursor(wrapper.connection) as cursor:
+        yield cursor
+
+
+def _job(using: str, values: dict[str, Any]) -> Job:
+    """A Job loaded from ``values`` (attname -> value; others deferred), as ``Job.from_db`` makes it, faster.
+
+    ``from_db`` runs ``Model.__init__``, a loop over every field; a row just written
+    needs only its values set, unless someone listens to pre_init or post_init.
+    """
+    if pre_init.has_listeners(Job) or post_init.has_listeners(Job):
+        fields = list(values)
+        return Job.from_db(using, fields, [values[field] for field in fields])
+    job = Job.__new__(Job)
+    job._state = ModelState()
+    job._state.adding = False
+    job._state.db = using
+    job.__dict__.update(values)
+    return job
+
+
+def _build(params: list[Any], args: dict[str, Any], times: Sequence[Any], using: str) -> Job:
+    job_id, name, _, queue, priority, _, _, _, max_attempts, unique_key, backend = params
+    known = dict(_FRESH, errors=[], id=job_id, name=name, args=args, queue=queue, priority=priority)
+    known.update(max_attempts=max_attempts, unique_key=unique_key, backend=backend)
+    known.update(zip(_READ_BACK, times, strict=True))
+    return _job(using, known)
 
 
 def write(name: str, args: dict[str, Any], options: Options, sender: Sender) -> Job:
@@ -166,7 +217,7 @@ def write(name: str, args: dict[str, Any], options: Options, sender: Sender) -> 
     params = _params(name, args, options)
     unique = options.unique_key is not None
     sql = f"INSERT INTO axa_queue ({_COLUMNS}) VALUES {_VALUES} {_ON_UNIQUE if unique else ''} RETURNING {_RETURNING}"
-    with connections[using].cursor() as cursor:
+    with _cursor(using) as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
@@ -181,7 +232,7 @@ def write(name: str, args: dict[str, Any], options: Options, sender: Sender) -> 
         if options.on_duplicate == "raise":
             raise DuplicateJob(existing)
         return existing
-    job = _build(row, using)
+    job = _build(params, args, row, using)
     job_enqueued.send(sender=sender, job=job)
     return job
 
@@ -193,43 +244,60 @@ class BulkResult(list[Job]):
 
 
 _BULK_FIELDS = ["id", "name", "args", "status", "queue", "priority", "max_attempts", "unique_key", "backend"]
-_UNNEST = (
+# The batch is one JSON array of rows: a single parameter, a third of the client CPU
+# of one array per column. args are JSON already and go in as they are.
+_FROM_JSON = (
     f"SELECT id, name, args, queue, priority, {_RUN_AT.format(run_at='run_at', delay='delay', floor='floor')}, "
-    "max_attempts, unique_key, backend FROM unnest(%s::uuid[], %s::text[], %s::jsonb[], %s::text[], %s::int[], "
-    "%s::timestamptz[], %s::interval[], %s::bool[], %s::int[], %s::text[], %s::text[]) "
-    "AS v(id, name, args, queue, priority, run_at, delay, floor, max_attempts, unique_key, backend)"
+    "max_attempts, unique_key, backend FROM jsonb_to_recordset(%s::jsonb) AS v(id uuid, name text, args jsonb, "
+    "queue text, priority int, run_at timestamptz, delay interval, floor bool, max_attempts int, unique_key text, "
+    "backend text)"
 )
+_MICROSECOND = datetime.timedelta(microseconds=1)
+
+
+def _json_text(value: str | None) -> str:
+    return "null" if value is None else json.dumps(value)
+
+
+def _as_json(row: list[Any]) -> str:
+    """One row of ``_params`` as the JSON object _FROM_JSON reads."""
+    job_id, name, args, queue, priority, run_at, delay, floor, max_attempts, unique_key, backend = row
+    when = "null" if run_at is None else f'"{run_at.isoformat()}"'
+    wait = "null" if delay is None else f'"{delay // _MICROSECOND} microseconds"'
+    attempts = "null" if max_attempts is None else str(max_attempts)
+    return (
+        f'{{"id":"{job_id}","name":{json.dumps(name)},"args":{args},"queue":{json.dumps(queue)},'
+        f'"priority":{priority},"run_at":{when},"delay":{wait},"floor":{"true" if floor else "false"},'
+        f'"max_attempts":{attempts},"unique_key":{_json_text(unique_key)},"backend":{_json_text(backend)}}}'
+    )
 
 
 def write_many(items: Iterable[tuple[str, dict[str, Any], Options]], sender: Sender) -> BulkResult:
     """Insert many rows in one statement; validate every item before writing any."""
     using = conf.queue_database()
-    columns: list[list[Any]] = [[] for _ in range(11)]
+    rows: list[list[Any]] = []
     arguments: list[dict[str, Any]] = []
     for index, (name, args, options) in enumerate(items):
         try:
-            row = _params(name, args, options)
+            rows.append(_params(name, args, options))
         except (TypeError, ValueError) as error:
             raise type(error)(f"item {index}: {error}") from None
-        for column, value in zip(columns, row, strict=True):
-            column.append(value)
         arguments.append(args)
     result = BulkResult()
-    if not arguments:
+    if not rows:
         return result
-    # One array per column: the statement's size does not grow with the batch.
-    with connections[using].cursor() as cursor:
-        cursor.execute(f"INSERT INTO axa_queue ({_COLUMNS}) {_UNNEST} {_ON_UNIQUE} RETURNING id", columns)
+    document = "[" + ",".join(map(_as_json, rows)) + "]"
+    with _cursor(using) as cursor:
+        cursor.execute(f"INSERT INTO axa_queue ({_COLUMNS}) {_FROM_JSON} {_ON_UNIQUE} RETURNING id", [document])
         written = {row[0] for row in cursor.fetchall()}
     # Build the jobs from what was sent; the columns the database filled in
     # (times, status defaults) are deferred and load on first access.
-    ids, names, _, queues, priorities, _, _, _, max_attempts, unique_keys, backends = columns
-    for index, job_id in enumerate(ids):
+    for row, args in zip(rows, arguments, strict=True):
+        job_id, name, _, queue, priority, _, _, _, max_attempts, unique_key, backend = row
         if job_id in written:
-            values = [job_id, names[index], arguments[index], "queued", queues[index], priorities[index]]
-            values += [max_attempts[index], unique_keys[index], backends[index]]
-            result.append(Job.from_db(using, _BULK_FIELDS, values))
-    result.skipped = len(ids) - len(result)
+            values = [job_id, name, args, "queued", queue, priority, max_attempts, unique_key, backend]
+            result.append(_job(using, dict(zip(_BULK_FIELDS, values, strict=True))))
+    result.skipped = len(rows) - len(result)
     for job in result:
         job_enqueued.send(sender=sender, job=job)
     return result

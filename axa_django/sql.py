@@ -22,9 +22,16 @@ import psycopg.sql
 # the worker resolves their task and refuses anything that is not one (taskrunner.py).
 # attempts stops short of int overflow so that no row can make the claim fail, and a
 # run_at of '-infinity' becomes the claim's time, which Python (and the admin) can load.
+# started_at is set at once unless %(ahead)s (rows claimed ahead of free threads): then
+# it is written when a thread has started the job (MARK_STARTED, FINISH), and a row a
+# dead worker held without starting is queued again without losing an attempt. A row
+# with history (an error, a rescue) is marked at once, so that a job that kills its
+# worker still costs an attempt from its second try on and cannot loop for ever.
+# RETURNING comes in no particular order: the worker sorts by priority and run_at.
 CLAIM = """
 UPDATE axa_queue q
-SET status = 'running', started_at = now(), updated_at = now(),
+SET status = 'running', updated_at = now(),
+    started_at = CASE WHEN NOT %(ahead)s OR q.errors <> '[]'::jsonb THEN now() END,
     attempts = LEAST(q.attempts, 2147483646) + 1, worker_id = %(worker)s, cancel_requested = false,
     run_at = CASE WHEN q.run_at = '-infinity' THEN now() ELSE q.run_at END
 WHERE q.id = ANY(ARRAY(
@@ -32,8 +39,8 @@ WHERE q.id = ANY(ARRAY(
     ORDER BY c.priority DESC, c.run_at
     LIMIT %(limit)s
 )) AND q.status = 'queued'
-RETURNING q.id, q.name, q.args::text, q.attempts, q.max_attempts, q.backend,
-    set_config('synchronous_commit', 'off', true)
+RETURNING q.id, q.name, q.args::text, q.attempts, q.max_attempts, q.backend, q.started_at IS NULL,
+    q.priority, q.run_at, set_config('synchronous_commit', 'off', true)
 """
 _NAME_WALK = """
     SELECT c.id, c.priority, c.run_at FROM unnest({names}::text[]) AS n(name)
@@ -89,20 +96,22 @@ def compose(template: str, names: list[str], backends: list[str], queues: list[s
     return _SLOT.sub(literal, text)
 
 
-# Record outcomes; a row is only written while still running under this worker.
+# Record outcomes; a row is only written while still running under this worker. The
+# batch comes as one JSON array (execution.finish), a single parameter to send: the
+# result nested as {"v": ...} so that a JSON null stays a JSON null.
 FINISH = """
 UPDATE axa_queue q
 SET status = v.status,
     error = CASE WHEN v.status = 'completed' THEN q.error ELSE v.error END,
-    result = v.result::jsonb,
-    errors = CASE WHEN v.entry IS NULL THEN q.errors ELSE q.errors || jsonb_build_array(v.entry::jsonb) END,
+    result = v.result -> 'v',
+    errors = CASE WHEN v.entry IS NULL THEN q.errors ELSE q.errors || jsonb_build_array(v.entry) END,
     run_at = CASE WHEN v.status = 'queued' THEN now() + make_interval(secs => v.delay) ELSE q.run_at END,
-    started_at = CASE WHEN v.status = 'queued' THEN NULL ELSE q.started_at END,
+    started_at = CASE WHEN v.status = 'queued' THEN NULL ELSE COALESCE(q.started_at, to_timestamp(v.started)) END,
     worker_id = CASE WHEN v.status = 'queued' THEN NULL ELSE q.worker_id END,
     finished_at = CASE WHEN v.status = 'queued' THEN NULL ELSE now() END,
     updated_at = now()
-FROM unnest(%(ids)s::uuid[], %(statuses)s::text[], %(errors)s::text[], %(results)s::text[],
-            %(entries)s::text[], %(delays)s::float8[]) AS v(id, status, error, result, entry, delay)
+FROM jsonb_to_recordset(%(outcomes)s::jsonb)
+    AS v(id uuid, status text, error text, result jsonb, entry jsonb, delay float8, started float8)
 WHERE q.id = v.id AND q.status = 'running' AND q.worker_id IS NOT DISTINCT FROM %(worker)s
 RETURNING q.id, set_config('synchronous_commit', 'off', true)
 """
@@ -131,7 +140,10 @@ RESCUE = """
 WITH dead AS (
     DELETE FROM axa_worker WHERE heartbeat_at < now() - make_interval(secs => %(lease)s) RETURNING id
 ), lost AS (
-    SELECT q.id, q.worker_id IS NOT NULL AND q.attempts >= COALESCE(q.max_attempts, %(max_attempts)s) AS spent
+    SELECT q.id,
+        q.worker_id IS NOT NULL AND q.started_at IS NOT NULL
+            AND q.attempts >= COALESCE(q.max_attempts, %(max_attempts)s) AS spent,
+        q.worker_id IS NOT NULL AND q.started_at IS NULL AS unstarted
     FROM axa_queue q
     WHERE q.status = 'running' AND (
         (q.worker_id IS NOT NULL AND (
@@ -145,6 +157,7 @@ SET status = CASE WHEN lost.spent THEN 'failed' ELSE 'queued' END,
     started_at = CASE WHEN lost.spent THEN q.started_at END,
     worker_id = CASE WHEN lost.spent THEN q.worker_id END,
     run_at = CASE WHEN lost.spent THEN q.run_at ELSE now() END,
+    attempts = CASE WHEN lost.unstarted THEN GREATEST(q.attempts - 1, 0) ELSE q.attempts END,
     finished_at = CASE WHEN lost.spent THEN now() END,
     error = CASE WHEN lost.spent THEN format(
         'WorkerLost: the worker running this job stopped during attempt %%s of %%s; no attempts are left',
@@ -154,6 +167,8 @@ SET status = CASE WHEN lost.spent THEN 'failed' ELSE 'queued' END,
         'attempt', q.attempts, 'at', now(), 'worker', q.worker_id, 'type', 'WorkerLost',
         'message', CASE WHEN lost.spent
             THEN 'the worker running this job stopped; no attempts are left, so the job failed'
+            WHEN lost.unstarted
+            THEN 'the worker holding this job stopped before starting it; the job was queued again, no attempt used'
             ELSE 'the worker running this job stopped; the job was queued again' END,
         'traceback', ''))
 FROM lost
@@ -182,6 +197,22 @@ SET status = 'queued', started_at = NULL, worker_id = NULL, run_at = now(), upda
         'attempt', attempts, 'at', now(), 'worker', worker_id, 'type', 'Interrupted',
         'message', 'the worker was stopped before this job finished; the job was queued again',
         'traceback', ''))
+WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running' AND worker_id = %(worker)s
+"""
+
+# Record when threads started rows claimed ahead (their started_at is NULL until then).
+MARK_STARTED = """
+UPDATE axa_queue q SET started_at = to_timestamp(v.at)
+FROM unnest(%(ids)s::uuid[], %(at)s::float8[]) AS v(id, at)
+WHERE q.id = v.id AND q.status = 'running' AND q.worker_id = %(worker)s AND q.started_at IS NULL
+RETURNING set_config('synchronous_commit', 'off', true)
+"""
+
+# Give back rows claimed ahead that no thread started (a stopping worker): queued as
+# before the claim, the attempt it counted taken back.
+UNCLAIM = """
+UPDATE axa_queue
+SET status = 'queued', started_at = NULL, worker_id = NULL, attempts = GREATEST(attempts - 1, 0), updated_at = now()
 WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running' AND worker_id = %(worker)s
 """
 

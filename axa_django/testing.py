@@ -240,10 +240,12 @@ def run_jobs(
     attempts: list[Attempt] = []
     for _ in range(max_rounds):
         with connections[using].cursor() as cursor:
-            cursor.execute(statement, {"worker": None, "limit": ROUND_SIZE, **params})
+            cursor.execute(statement, {"worker": None, "limit": ROUND_SIZE, "ahead": False, **params})
             claimed = [
                 Claimed(job_id, job_name_, None, attempt, max_attempts, backend, args_json=args)
-                for job_id, job_name_, args, attempt, max_attempts, backend, _ in cursor.fetchall()
+                for job_id, job_name_, args, attempt, max_attempts, backend, *_ in sorted(
+                    cursor.fetchall(), key=lambda r: (-r[7], r[8])
+                )
             ]
             if not claimed:
                 break

@@ -71,6 +71,15 @@ __all__ = [
 
 logger = logging.getLogger("axa_django")
 
+# Rows claimed ahead of free threads cover about this much of the jobs' observed run
+# time: short jobs are claimed in batches of tens, a job of PREFETCH_HORIZON x
+# concurrency or longer gets no row claimed ahead of it.
+PREFETCH_HORIZON = 0.02
+PREFETCH_PER_THREAD = 8
+# A job claimed ahead and started longer ago than this gets its started_at written
+# before its outcome; shorter jobs have it written with the outcome, at no cost.
+MARK_AFTER = 0.05
+
 
 class Worker(Connections, Loops):
     """Runs jobs until stopped; ``run()`` returns the process exit code."""
@@ -88,6 +97,7 @@ class Worker(Connections, Loops):
         using: str | None = None,
         install_signals: bool = True,
         log_attempts: bool = False,
+        prefetch: int | None = None,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise ValueError(f"concurrency must be a positive whole number, not {concurrency!r}")
@@ -97,8 +107,12 @@ class Worker(Connections, Loops):
             raise ValueError(f"max_jobs must be a positive whole number, not {max_jobs!r}")
         if grace_period is not None and not (isinstance(grace_period, int | float) and grace_period >= 0):
             raise ValueError(f"grace_period must be a number of seconds >= 0, not {grace_period!r}")
+        if prefetch is not None and (type(prefetch) is not int or prefetch < 0):
+            raise ValueError(f"prefetch must be a whole number >= 0, not {prefetch!r}")
         self.id = uuid.uuid4()
         self.concurrency = concurrency
+        # At most this many rows claimed and not yet started (0: claim for free threads only).
+        self.prefetch = PREFETCH_PER_THREAD * concurrency if prefetch is None else prefetch
         self.poll_interval = float(poll_interval or conf.get("POLL_INTERVAL"))
         self.burst = burst
         self.max_jobs = max_jobs
@@ -131,6 +145,8 @@ class Worker(Connections, Loops):
         self._lock = threading.Lock()
         self._in_flight: dict[uuid.UUID, Claimed] = {}
         self._unwritten = 0
+        self._job_seconds: float | None = None  # moving average of a job's run time
+        self._starts: dict[uuid.UUID, float] = {}  # claimed-ahead jobs started, started_at not yet written
         self._conn: psycopg.Connection[Any] | None = None
         self._threads: list[threading.Thread] = []
         self._signals = 0
@@ -227,30 +243,32 @@ class Worker(Connections, Loops):
             now = time.monotonic()
             if now >= next_housekeeping:
                 next_housekeeping = now + self._housekeep()
+            if self._starts:
+                self._mark_started()
             if self.max_jobs is not None and claimed_total >= self.max_jobs and not self._in_flight:
                 break
-            idle = self._idle(claimed_total)
-            if idle <= 0:
-                self._wake.clear()
-                if self._idle(claimed_total) <= 0:  # still no room after clearing
-                    self._wait(next_housekeeping - time.monotonic())
+            self._wake.clear()
+            room = self._room(claimed_total, backlog)
+            if room <= 0:
+                self._wait(next_housekeeping - time.monotonic())
                 continue
-            if backlog and idle < self.concurrency:
+            if backlog and room < self.concurrency and not self._ahead():
                 # More rows are waiting and other threads are about to free up: wait
                 # a moment for them, so that one claim serves several.
-                idle = self._gather(claimed_total)
+                room = self._gather(claimed_total)
             # Read before claiming: an outcome written after the claim (a retry
             # queued again) must get another claim before a burst worker exits.
             settled = not self._in_flight and not self._unwritten
             self._wake.clear()
-            jobs = self._claim(names, idle)
+            free = self.concurrency - (len(self._in_flight) - self._work.qsize())
+            jobs = self._claim(names, room, ahead=room > free)
             if jobs is None:  # database trouble: already logged and backed off
                 continue
             claimed_total += len(jobs)
-            backlog = len(jobs) == idle
+            backlog = len(jobs) == room
             for job in jobs:
                 self._work.put(job)
-            if len(jobs) < idle:
+            if len(jobs) < room:
                 if self.burst and not jobs:
                     if settled:
                         break
@@ -258,6 +276,30 @@ class Worker(Connections, Loops):
                     continue
                 if not jobs:
                     self._wait(min(self._next_run(names), next_housekeeping - time.monotonic()))
+
+    def _room(self, claimed_total: int, backlog: bool) -> int:
+        """How many rows to claim now; 0 while threads are busy and enough rows wait for them.
+
+        With a backlog, rows are claimed ahead of free threads (``_ahead``) and claimed
+        again once half of those have been taken, so that a burst of short jobs never
+        waits on a round trip; without one, only for threads left with nothing to do.
+        """
+        waiting = self._work.qsize()  # claimed, not yet taken by a thread
+        running = len(self._in_flight) - waiting
+        ahead = self._ahead()
+        if waiting > (ahead // 2 if backlog else 0) or (not backlog and running >= self.concurrency):
+            return 0
+        room = self.concurrency + ahead - len(self._in_flight)
+        if self.max_jobs is not None:
+            room = min(room, self.max_jobs - claimed_total)
+        return room
+
+    def _ahead(self) -> int:
+        """Rows to hold beyond free threads: PREFETCH_HORIZON of the jobs seen so far, at most ``prefetch``."""
+        seconds = self._job_seconds
+        if seconds is None or not self.prefetch:
+            return 0
+        return min(self.prefetch, int(self.concurrency * PREFETCH_HORIZON / max(seconds, 1e-6)))
 
     def _idle(self, claimed_total: int) -> int:
         idle = self.concurrency - len(self._in_flight)
@@ -280,6 +322,8 @@ class Worker(Connections, Loops):
         return max(0.05, self.lease / 3)
 
     def _wait(self, timeout: float) -> None:
+        if self._starts:
+            timeout = min(timeout, MARK_AFTER)
         self._wake.wait(max(0.0, min(timeout, self.poll_interval)))
 
     # -- database steps ----------------------------------------------------------
@@ -329,15 +373,17 @@ class Worker(Connections, Loops):
             interval = max(0.01, min(interval, soonest))
         return interval
 
-    def _claim(self, names: list[str], limit: int) -> list[Claimed] | None:
+    def _claim(self, names: list[str], limit: int, ahead: bool = False) -> list[Claimed] | None:
+        """Claim up to ``limit`` rows; ``ahead``: more than there are free threads, started_at left for later."""
         if not names and not self.backends:
             return []
-        rows = self._execute(self._composed(sql.CLAIM, names), {"worker": self.id, "limit": limit})
+        rows = self._execute(self._composed(sql.CLAIM, names), {"worker": self.id, "limit": limit, "ahead": ahead})
         if rows is None:
             return None
+        rows.sort(key=lambda row: (-row[7], row[8]))  # the claim's own order: threads take the best first
         jobs = [
-            Claimed(job_id, name, None, attempt, max_attempts, backend, args_json=args)
-            for job_id, name, args, attempt, max_attempts, backend, _ in rows
+            Claimed(job_id, name, None, attempt, max_attempts, backend, args_json=args, unmarked=unmarked)
+            for job_id, name, args, attempt, max_attempts, backend, unmarked, *_ in rows
         ]
         with self._lock:
             for job in jobs:
@@ -347,6 +393,20 @@ class Worker(Connections, Loops):
                     job.context = JobContext(job.id, job.name, job.attempt, self.id)
                 self._in_flight[job.id] = job
         return jobs
+
+    def _mark_started(self) -> None:
+        """Write started_at of claimed-ahead jobs running past MARK_AFTER: a lost worker then costs them an attempt."""
+        cutoff = time.time() - MARK_AFTER
+        with self._lock:
+            due = {job_id: at for job_id, at in self._starts.items() if at <= cutoff}
+            for job_id in due:
+                del self._starts[job_id]
+        if (
+            due
+            and self._execute(sql.MARK_STARTED, {"ids": list(due), "at": list(due.values()), "worker": self.id}) is None
+        ):
+            with self._lock:
+                self._starts.update(due)  # try again at the next turn
 
     def _composed(self, template: str, names: list[str]) -> str:
         # Names, backends and queues do not change while the worker runs; sent as
@@ -388,6 +448,7 @@ class Worker(Connections, Loops):
 
     def _shutdown(self) -> int:
         self._stopping.set()
+        self._unclaim_waiting()
         for _ in range(self.concurrency):
             self._work.put(None)
         deadline = None if self.grace_period is None else time.monotonic() + self.grace_period
@@ -427,6 +488,24 @@ class Worker(Connections, Loops):
             return 1
         logger.info("worker %s stopped after %s", self.id, summary(self.processed, self.outcomes))
         return 1 if self._aborting.is_set() else 0
+
+    def _unclaim_waiting(self) -> None:
+        """Give back the rows claimed ahead that no thread has started, as if never claimed."""
+        ids = []
+        while True:
+            try:
+                job = self._work.get_nowait()
+            except queue_module.Empty:
+                break
+            if job is not None:
+                ids.append(job.id)
+        if not ids:
+            return
+        if self._execute(sql.UNCLAIM, {"ids": ids, "worker": self.id}) is not None:
+            logger.info("gave %d job(s) claimed ahead back to the queue, unstarted", len(ids))
+        with self._lock:
+            for job_id in ids:
+                self._in_flight.pop(job_id, None)
 
     @staticmethod
     def _close(conn: psycopg.Connection[Any] | None) -> None:

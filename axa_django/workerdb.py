@@ -53,7 +53,7 @@ def keepalives(lease: float) -> dict[str, int]:
 
 
 def connect(using: str, purpose: str) -> psycopg.Connection[Any]:
-    """Open an autocommit psycopg connection to the queue database, leaving no session state behind."""
+    """Open an autocommit psycopg connection to the queue database; the session is left as a pooler can reuse it."""
     wrapper = connections[using]
     params = wrapper.get_connection_params()
     for key in ("cursor_factory", "context", "server_side_binding"):
@@ -62,7 +62,12 @@ def connect(using: str, purpose: str) -> psycopg.Connection[Any]:
     for key, value in keepalives(float(conf.get("LEASE_SECONDS"))).items():
         params.setdefault(key, value)  # the project's OPTIONS win
     params.setdefault("application_name", f"axa_django {purpose}")
-    return psycopg.connect(autocommit=True, **params)
+    conn = psycopg.connect(autocommit=True, **params)
+    if params["prepare_threshold"] is not None:
+        # With a large history PostgreSQL's choice between plans goes to custom plans,
+        # re-planning the claim at every call for the same plan; ours are good generic.
+        conn.execute("SELECT set_config('plan_cache_mode', 'force_generic_plan', false)")
+    return conn
 
 
 def task_backend_aliases() -> list[str]:

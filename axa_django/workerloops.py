@@ -18,6 +18,7 @@ import psycopg
 from django.db import connections
 
 from . import health, housekeeping, registry, sql
+from .context import JobCancelled
 from .execution import (
     Claimed,
     Outcome,
@@ -48,13 +49,28 @@ class Loops:
             while (job := self._work.get()) is not None:
                 runner, function = None, None
                 started = time.monotonic()
+                if job.unmarked:
+                    job_start = time.time()
+                    with self._lock:
+                        self._starts[job.id] = job_start
                 try:
-                    runner, function, outcome = self._perform(job)
+                    if job.context is not None and job.context.is_cancelled():
+                        # Cancelled while claimed ahead, before any thread took it.
+                        outcome = failure(job, None, JobCancelled("cancelled before it started"), self.id)
+                    else:
+                        runner, function, outcome = self._perform(job)
                 except BaseException as error:
                     logger.exception("running job %s %s failed outside the job", job.name, job.id)
                     outcome = failure(job, None, error, self.id)
+                seconds = time.monotonic() - started
+                average = self._job_seconds
+                # A benign race between threads: the average only sizes the claim-ahead.
+                self._job_seconds = seconds if average is None else 0.8 * average + 0.2 * seconds
+                if job.unmarked:
+                    outcome.started = job_start
+                    with self._lock:
+                        self._starts.pop(job.id, None)  # the outcome writes it
                 if self.log_attempts:
-                    seconds = time.monotonic() - started
                     status, delay = outcome.status, outcome.delay
                     attempt_line(job.name, job.id, job.attempt, job.max_attempts, seconds, status, delay)
                 with self._lock:

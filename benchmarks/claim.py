@@ -22,7 +22,7 @@ def time_claim(reps: int = 300) -> tuple[float, str]:
         conn.autocommit = False
         # As the worker composes it: names, backends and queues written in once.
         query = statements.compose(statements.CLAIM, ["benchmarks.benchapp.jobs.noop"], [], None)
-        params = {"worker": None, "limit": 4}
+        params = {"worker": None, "limit": 4, "ahead": False}
         for _ in range(reps):
             start = time.perf_counter()
             rows = conn.execute(query, params).fetchall()

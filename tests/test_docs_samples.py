@@ -77,9 +77,10 @@ SHAPE_ONLY: dict[tuple[str, str], str] = {
     ("docs/upgrading.md", 'pip install --upgrade "axa-django[binary] @ git+https://github.com/OWNER/axa-django.git"'): (
         "pip install from the network"
     ),
-    ("docs/workers.md", "python manage.py runworker [--concurrency 4] [--poll-interval 1] [--burst] [--max-jobs N]"): (
-        "a synopsis; the forms it shows run from README.md, jobs.md and tasks.md"
-    ),
+    (
+        "docs/workers.md",
+        "python manage.py runworker [--concurrency 4] [--prefetch N] [--poll-interval 1] [--burst] [--max-jobs N]",
+    ): ("a synopsis; the forms it shows run from README.md, jobs.md and tasks.md"),
     ("docs/operations.md", "# settings.py (or wherever the process configures OpenTelemetry)"): (
         "sets the process-wide tracer provider and needs the OTLP exporter; tests/test_ops_tracing.py runs the same "
         "set-up (with the SDK's in-memory exporter) in a process of its own"

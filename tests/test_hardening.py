@@ -10,6 +10,7 @@ import django
 import psycopg
 import pytest
 from django.db import connection, connections
+from django.utils import timezone
 
 from axa_django import Job, conf, enqueue, sql
 from axa_django.worker import Worker, connect, keepalives
@@ -338,7 +339,8 @@ def test_a_queue_workers_claim_never_walks_other_queues():
         plan = "\n".join(
             row[0]
             for row in conn.execute(
-                psycopg.sql.SQL("EXPLAIN (ANALYZE, BUFFERS) ") + psycopg.sql.SQL(query), {"worker": None, "limit": 4}
+                psycopg.sql.SQL("EXPLAIN (ANALYZE, BUFFERS) ") + psycopg.sql.SQL(query),
+                {"worker": None, "limit": 4, "ahead": False},
             )
         )
         conn.rollback()
@@ -350,11 +352,12 @@ def test_a_queue_workers_claim_never_walks_other_queues():
 def test_a_lost_workers_rows_keep_their_error_history_as_json():
     job = jobs.add.using(max_attempts=2).perform_later(1)
     dead = "00000000-0000-0000-0000-000000000001"
-    Job.objects.filter(pk=job.pk).update(status="running", worker_id=dead, attempts=1)
+    started = timezone.now()
+    Job.objects.filter(pk=job.pk).update(status="running", worker_id=dead, attempts=1, started_at=started)
     with connect("default", "test") as conn:
         rows = conn.execute(sql.RESCUE, {"lease": 1.0, "stale": 60, "max_attempts": 1}).fetchall()
     assert rows == [(job.pk, "queued")]
-    Job.objects.filter(pk=job.pk).update(status="running", worker_id=dead, attempts=2)
+    Job.objects.filter(pk=job.pk).update(status="running", worker_id=dead, attempts=2, started_at=started)
     with connect("default", "test") as conn:
         rows = conn.execute(sql.RESCUE, {"lease": 1.0, "stale": 60, "max_attempts": 1}).fetchall()
     assert rows == [(job.pk, "failed")]

@@ -36,14 +36,16 @@ def fill(finished: int, foreign: int) -> None:
 def test_the_claim_uses_the_claim_index_not_a_scan():
     fill(finished=20_000, foreign=5_000)
     jobs.count.perform_later(fail=False)
-    plan = explain(sql.compose(sql.CLAIM, ["CountWorker"], [], None), {"worker": None, "limit": 4})
+    plan = explain(sql.compose(sql.CLAIM, ["CountWorker"], [], None), {"worker": None, "limit": 4, "ahead": False})
     assert "axa_queue_claim" in plan, plan
     assert "Seq Scan on axa_queue" not in plan, plan
 
 
 def test_the_claim_with_queues_uses_the_per_queue_claim_index():
     fill(finished=20_000, foreign=5_000)
-    plan = explain(sql.compose(sql.CLAIM, ["CountWorker"], [], ["default"]), {"worker": None, "limit": 4})
+    plan = explain(
+        sql.compose(sql.CLAIM, ["CountWorker"], [], ["default"]), {"worker": None, "limit": 4, "ahead": False}
+    )
     assert "axa_queue_claim_queue" in plan and "Seq Scan on axa_queue" not in plan, plan
 
 
@@ -127,3 +129,18 @@ def test_a_worker_process_holds_four_connections_plus_those_its_jobs_use(workers
     for p in (proc, no_notify):
         p.terminate()
         assert p.wait(timeout=30) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_workers_connections_keep_the_claims_generic_plan():
+    # PostgreSQL's auto mode plans a prepared statement afresh for its first 5 runs and,
+    # on a large table, often for ever after; the worker's connections never re-plan it.
+    query = sql.compose(sql.CLAIM, ["tests.nothing_enqueues_this"], [], None)
+    with connect("default", "test") as conn:
+        for _ in range(12):  # autocommit, as the worker runs it: psycopg prepares it from the 6th run
+            assert conn.execute(query, {"worker": None, "limit": 4, "ahead": False}).fetchall() == []
+        generic, custom = conn.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+            "WHERE statement LIKE '%tests.nothing_enqueues_this%'"
+        ).fetchone()
+    assert (custom, generic) == (0, 7)

@@ -170,6 +170,7 @@ from . import (  # noqa: E402, F401
     housekeeping_jobs,
     ops_jobs,
     pooler_jobs,
+    prefetch_jobs,
     setup12_jobs,
     testing12_jobs,
     workermistakes_jobs,

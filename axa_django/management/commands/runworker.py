@@ -26,6 +26,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def _seconds(text: str, allow_zero: bool = False) -> float:
     try:
         value = float(text)
@@ -59,6 +69,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--concurrency", type=_positive_int, default=4, help="job threads (default 4)")
+        parser.add_argument(
+            "--prefetch",
+            type=_count,
+            default=None,
+            help="most rows claimed ahead of free threads, for short jobs (default 8 x concurrency; 0: none)",
+        )
         parser.add_argument("--poll-interval", type=_seconds, default=None, help="seconds between polls when idle")
         parser.add_argument("--burst", action="store_true", help="run every ready job, then exit 0")
         parser.add_argument("--max-jobs", type=_positive_int, default=None, help="exit after this many attempts")
@@ -91,6 +107,7 @@ class Command(BaseCommand):
                 names=options["names"],
                 grace_period=options["grace_period"],
                 log_attempts=options["verbosity"] >= 2,
+                prefetch=options["prefetch"],
             )
         except UnknownJobs as error:
             raise CommandError(str(error), returncode=2) from None

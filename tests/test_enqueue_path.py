@@ -1,0 +1,39 @@
+"""perform_later's lean path: it still shows in Django's query capture, wraps errors and honours broken transactions."""
+
+import pytest
+from django.db import DatabaseError, connection, transaction
+from django.db.transaction import TransactionManagementError
+from django.test.utils import CaptureQueriesContext
+
+from axa_django import Job
+from tests.testapp import jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_an_enqueue_shows_in_djangos_query_capture():
+    with CaptureQueriesContext(connection) as captured:
+        jobs.add.perform_later(1, 2)
+        jobs.add.perform_later_many([{"a": 3}])
+    inserts = [query["sql"] for query in captured.captured_queries if "INSERT INTO axa_queue" in query["sql"]]
+    assert len(inserts) == 2
+
+
+def test_an_enqueue_in_a_broken_transaction_is_refused_as_django_refuses_any_query():
+    with transaction.atomic():
+        with pytest.raises(DatabaseError), transaction.atomic(savepoint=False), connection.cursor() as cursor:
+            cursor.execute("SELECT 1/0")
+        with pytest.raises(TransactionManagementError):
+            jobs.add.perform_later(1)
+    assert not Job.objects.exists()
+
+
+def test_a_database_error_from_an_enqueue_is_djangos_error(settings):
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("LOCK TABLE axa_queue IN ACCESS EXCLUSIVE MODE")
+            cursor.execute("ALTER TABLE axa_queue RENAME TO axa_queue_away")
+        with pytest.raises(DatabaseError, match="axa_queue"):
+            jobs.add.perform_later(1)
+        transaction.set_rollback(True)
+    assert jobs.add.perform_later(2).args == {"a": 2}

@@ -1,0 +1,109 @@
+"""Claiming ahead of free threads: short jobs in batches, long ones not, and nothing held is lost or charged."""
+
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from axa_django import Job, sql
+from tests.conftest import wait_for
+from tests.testapp import prefetch_jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def runs(log: str) -> tuple[Counter[str], list[int]]:
+    """How often each token ran, and the rows claimed ahead (started_at not yet written) at each start."""
+    pairs = [line.split() for line in Path(log).read_text().splitlines() if not line.startswith("gate")]
+    return Counter(token for token, _ in pairs), [int(held) for _, held in pairs]
+
+
+def burst(workers, *args: str) -> str:
+    proc = workers.start("--burst", *args)
+    assert proc.wait(timeout=120) == 0
+    return proc.stdout.read()
+
+
+def test_short_jobs_are_claimed_in_batches_ahead_of_free_threads(workers, log_file):
+    prefetch_jobs.held.perform_later_many([{"token": f"t{i}", "log": log_file} for i in range(300)])
+    burst(workers, "--concurrency", "2")
+    counts, held = runs(log_file)
+    assert sorted(counts) == sorted(f"t{i}" for i in range(300)) and set(counts.values()) == {1}
+    # Rows claimed for free threads have started_at written by the claim itself.
+    assert max(held) > 4, held
+    assert not Job.objects.exclude(status="completed").exists()
+    assert not Job.objects.filter(started_at__isnull=True).exists()
+
+
+@pytest.mark.parametrize("args", [["--prefetch", "0"], []], ids=["prefetch-0", "long-jobs"])
+def test_long_jobs_or_prefetch_0_hold_no_row_beyond_the_threads(workers, log_file, args):
+    seconds = 0.0 if args else 0.2
+    prefetch_jobs.held.perform_later_many(
+        [{"token": f"t{i}", "log": log_file, "seconds": seconds} for i in range(60 if args else 8)]
+    )
+    burst(workers, "--concurrency", "2", *args)
+    _, held = runs(log_file)
+    assert max(held) == 0, held
+
+
+def hold_rows_behind_a_gate(workers, log_file, tmp_path):
+    """A worker of one thread that has run short jobs, now held up by a gate with rows claimed ahead behind it."""
+    prefetch_jobs.held.using(priority=10).perform_later_many([{"token": f"a{i}", "log": log_file} for i in range(30)])
+    gate = prefetch_jobs.gate.using(priority=5).perform_later(log=log_file, path=str(tmp_path / "open"))
+    prefetch_jobs.held.perform_later_many([{"token": f"b{i}", "log": log_file} for i in range(30)])
+    proc = workers.start("--concurrency", "1", env=workers.env(AXA_LOG_LEVEL="INFO"))
+    wait_for(lambda: "gate 1" in Path(log_file).read_text(), what="the gate to start")
+    ahead = wait_for(
+        lambda: list(Job.objects.filter(status="running").exclude(pk=gate.pk).values_list("pk", flat=True)),
+        what="rows claimed ahead of the busy thread",
+    )
+    return proc, gate, ahead
+
+
+def test_a_stopping_worker_gives_back_the_rows_it_claimed_ahead_unstarted(workers, log_file, tmp_path):
+    proc, gate, ahead = hold_rows_behind_a_gate(workers, log_file, tmp_path)
+    assert not Job.objects.filter(pk__in=ahead, started_at__isnull=False).exists()
+    proc.send_signal(signal.SIGTERM)
+    (tmp_path / "open").touch()
+    assert proc.wait(timeout=30) == 0
+    output = proc.stdout.read()
+    assert "claimed ahead back to the queue, unstarted" in output, output
+    for row in Job.objects.filter(pk__in=ahead):
+        assert (row.status, row.attempts, row.errors, row.worker_id, row.started_at) == ("queued", 0, [], None, None)
+    assert Job.objects.get(pk=gate.pk).status == "completed"
+    burst(workers, "--concurrency", "2")
+    counts, _ = runs(log_file)
+    assert len(counts) == 60 and set(counts.values()) == {1}
+
+
+def test_a_killed_worker_costs_an_attempt_only_to_the_jobs_it_had_started(workers, log_file, tmp_path):
+    proc, gate, ahead = hold_rows_behind_a_gate(workers, log_file, tmp_path)
+    # The gate has run longer than the worker waits to record a start.
+    wait_for(lambda: Job.objects.get(pk=gate.pk).started_at is not None, what="the gate's start to be written")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    (tmp_path / "open").touch()
+    rescuer = workers.start("--concurrency", "2")
+    wait_for(lambda: not Job.objects.exclude(status__in=["completed", "failed"]).exists(), what="every job to end")
+    rescuer.send_signal(signal.SIGTERM)
+    assert rescuer.wait(timeout=30) == 0
+    for row in Job.objects.filter(pk__in=ahead):
+        assert (row.status, row.attempts) == ("completed", 1), row.errors
+        assert row.errors[0]["type"] == "WorkerLost" and "no attempt used" in row.errors[0]["message"]
+    gated = Job.objects.get(pk=gate.pk)
+    assert (gated.status, gated.attempts, gated.errors[0]["type"]) == ("completed", 2, "WorkerLost")
+    counts, _ = runs(log_file)
+    assert len(counts) == 60 and set(counts.values()) == {1}
+
+
+def test_a_row_with_history_is_marked_started_when_claimed_ahead(log_file):
+    # A job that once killed its worker is charged from then on, even when claimed ahead.
+    fresh = prefetch_jobs.held.perform_later(token="fresh", log=log_file)
+    rescued = prefetch_jobs.held.perform_later(token="rescued", log=log_file)
+    with connection.cursor() as cursor:
+        cursor.execute('UPDATE axa_queue SET errors = \'[{"type": "WorkerLost"}]\' WHERE id = %s', [rescued.pk])
+        cursor.execute(sql.compose(sql.CLAIM, [fresh.name], [], None), {"worker": None, "limit": 5, "ahead": True})
+        unmarked = {row[0]: row[6] for row in cursor.fetchall()}
+    assert unmarked == {fresh.pk: True, rescued.pk: False}
