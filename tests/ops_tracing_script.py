@@ -29,15 +29,15 @@ trace.set_tracer_provider(provider)
 
 ids = {}
 with trace.get_tracer("web").start_as_current_span("GET /signup"):
-    ids["ok"] = str(ops_jobs.noop.using(queue="mail").perform_later(7).id)
+    ids["ok"] = str(ops_jobs.nap.using(queue="mail").perform_later(0).id)
     ids["boom"] = str(ops_jobs.boom.perform_later().id)
-    ids["many"] = [str(job.id) for job in ops_jobs.noop.perform_later_many([{"n": 1}, {"n": 2}])]
-ids["outside"] = str(enqueue("ops.noop", n=3).id)
+    ids["many"] = [str(job.id) for job in ops_jobs.nap.perform_later_many([{"seconds": 0}, {"seconds": 0}])]
+ids["outside"] = str(enqueue("ops.sleep", seconds=0).id)
 with connection.cursor() as cursor:
     # Rows by other producers: context that is not a carrier must not stop the job.
     for odd in ('"garbage"', '{"traceparent": 5}', '{"traceparent": "00-zz-yy-01"}'):
         cursor.execute(
-            "INSERT INTO axa_queue (id, name, args, trace_context) VALUES (gen_random_uuid(), 'ops.noop', '{}', %s::jsonb) "
+            "INSERT INTO axa_queue (id, name, args, trace_context) VALUES (gen_random_uuid(), 'ops.sleep', '{}', %s::jsonb) "
             "RETURNING id",
             [odd],
         )

@@ -230,7 +230,7 @@ def test_the_dashboard_refreshes_itself_and_pauses_while_hidden(page: Any, live_
 
     page.goto(f"{live_server.url}/admin/axa_django/queuedashboard/?refresh=1")  # every second, for the test
     assert "No queue holds jobs." in page.locator("#axa-queues").inner_text()
-    ops_jobs.noop.using(queue="live-q").perform_later(1)
+    ops_jobs.nap.using(queue="live-q").perform_later(0)
     # No reload: the poll brings the new queue in.
     page.wait_for_function("document.querySelector('#axa-queues tbody').textContent.includes('live-q')")
     assert page.locator("#axa-live").get_attribute("data-state") == "live"
@@ -242,7 +242,7 @@ def test_the_dashboard_refreshes_itself_and_pauses_while_hidden(page: Any, live_
     )
     assert page.locator("#axa-live").get_attribute("data-state") == "paused"
     before = page.locator("#axa-live").get_attribute("data-refreshes")
-    ops_jobs.noop.using(queue="while-hidden").perform_later(1)
+    ops_jobs.nap.using(queue="while-hidden").perform_later(0)
     # Let more than one interval pass on the browser's clock.
     page.wait_for_function("(t0) => performance.now() - t0 > 2500", arg=page.evaluate("performance.now()"))
     assert page.locator("#axa-live").get_attribute("data-refreshes") == before

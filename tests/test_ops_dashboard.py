@@ -46,8 +46,8 @@ def test_the_poll_outside_the_admin_refuses_anonymous_unless_public(client, sett
 
 
 def test_the_poll_holds_queues_and_workers_with_their_current_jobs(admin_client, workers):
-    ops_jobs.noop.using(queue="mail").perform_later(1)
-    ops_jobs.noop.using(queue="mail").perform_later(2)
+    ops_jobs.nap.using(queue="mail").perform_later(0)
+    ops_jobs.nap.using(queue="mail").perform_later(0)
     workers.start("--concurrency", "2", "--queue", "default")
     napping = ops_jobs.nap.perform_later(30)
     wait_for(lambda: Job.objects.get(pk=napping.pk).status == "running", what="the nap to start")

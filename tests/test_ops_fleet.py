@@ -42,11 +42,11 @@ def test_three_hosts_drain_once_and_a_cut_host_is_rescued_and_rejoins(hosts, cap
     # 1. 5,000 jobs of about 1 ms, enqueued at once: each runs exactly once, on every host.
     started = time.monotonic()
     f.sql(
-        "INSERT INTO axa_queue (id, name, args) SELECT gen_random_uuid(), 'ops.fleet', '{\"ms\": 1}' "
+        "INSERT INTO axa_queue (id, name, args, queue) SELECT gen_random_uuid(), 'ops.sleep', '{\"seconds\": 0.001}', 'fast' "
         "FROM generate_series(1, %s)",
         [JOBS],
     )
-    wait_for(lambda: count(f, "name = 'ops.fleet' AND status = 'completed'") == JOBS, 60, "the drain")
+    wait_for(lambda: count(f, "queue = 'fast' AND status = 'completed'") == JOBS, 60, "the drain")
     drained = time.monotonic() - started
     assert f.sql("SELECT status, attempts, errors::text, count(*) FROM axa_queue GROUP BY 1, 2, 3") == [
         ("completed", 1, "[]", JOBS)
@@ -59,17 +59,17 @@ def test_three_hosts_drain_once_and_a_cut_host_is_rescued_and_rejoins(hosts, cap
     # 2. Slower jobs; mid-drain, host 2's link goes down.
     (cut_worker,) = f.sql("SELECT id FROM axa_worker WHERE hostname = 'fleet-2'")[0]
     f.sql(
-        "INSERT INTO axa_queue (id, name, args, max_attempts) "
-        "SELECT gen_random_uuid(), 'ops.fleet_slow', '{\"ms\": 50}', 3 FROM generate_series(1, %s)",
+        "INSERT INTO axa_queue (id, name, args, queue, max_attempts) "
+        "SELECT gen_random_uuid(), 'ops.sleep', '{\"seconds\": 0.05}', 'slow', 3 FROM generate_series(1, %s)",
         [SLOW_JOBS],
     )
-    wait_for(lambda: count(f, "name = 'ops.fleet_slow' AND status = 'completed'") >= SLOW_JOBS // 6, 60, "a start")
+    wait_for(lambda: count(f, "queue = 'slow' AND status = 'completed'") >= SLOW_JOBS // 6, 60, "a start")
     (cut_at,) = f.sql("SELECT now()")[0]
     f.cut(2)
-    wait_for(lambda: count(f, "name = 'ops.fleet_slow' AND status = 'completed'") == SLOW_JOBS, 60, "the rescue")
+    wait_for(lambda: count(f, "queue = 'slow' AND status = 'completed'") == SLOW_JOBS, 60, "the rescue")
     rescued = f.sql(
         "SELECT id, attempts, worker_id, errors::text, updated_at FROM axa_queue "
-        "WHERE name = 'ops.fleet_slow' AND errors::text LIKE '%%WorkerLost%%' ORDER BY id"
+        "WHERE queue = 'slow' AND errors::text LIKE '%%WorkerLost%%' ORDER BY id"
     )
     assert rescued, "host 2 had jobs in flight when its link went down"
     lost_at = []
@@ -93,7 +93,7 @@ def test_three_hosts_drain_once_and_a_cut_host_is_rescued_and_rejoins(hosts, cap
     wait_for(lambda: "registering again" in f.log(2), 60, "host 2 to rejoin")
     wait_for(lambda: f.sql("SELECT count(*) FROM axa_worker WHERE id = %s", [cut_worker]) == [(1,)], 30, "its row")
     wait_for(lambda: "not written: the job was rescued or changed meanwhile" in f.log(2), 60, "the late outcomes")
-    late = {line.split("ops.fleet_slow ")[1].split(" ")[0] for line in f.log(2).splitlines() if "not written" in line}
+    late = {line.split("ops.sleep ")[1].split(" ")[0] for line in f.log(2).splitlines() if "not written" in line}
     assert f.sql(snapshot) == before  # not one late outcome overwrote a row
     # Each refused outcome is of a job rescued and run elsewhere, or of one whose outcome host 2
     # had written just before the cut hid the server's reply (its retry finds the row finished).
@@ -104,7 +104,7 @@ def test_three_hosts_drain_once_and_a_cut_host_is_rescued_and_rejoins(hosts, cap
         ]
     # The fleet, host 2 back in it, drains a last batch; then every worker stops cleanly on SIGTERM.
     f.sql(
-        "INSERT INTO axa_queue (id, name, args) SELECT gen_random_uuid(), 'ops.fleet', '{}' FROM generate_series(1, 60)"
+        "INSERT INTO axa_queue (id, name, args) SELECT gen_random_uuid(), 'ops.sleep', '{}' FROM generate_series(1, 60)"
     )
     wait_for(lambda: count(f, "status = 'completed'") == JOBS + SLOW_JOBS + 60, 60, "the last batch")
     for proc in workers:

@@ -51,7 +51,7 @@ def test_healthy_with_a_live_worker_and_its_health_file(workers, tmp_path):
     workers.start("--concurrency", "1", "--health-file", str(beat))
     wait_for(beat.exists, what="the health file")
     first = beat.stat().st_mtime_ns
-    job = ops_jobs.noop.perform_later(1)
+    job = ops_jobs.nap.perform_later(0)
     wait_for(lambda: Job.objects.get(pk=job.pk).status == "completed", what="the job to run")
     code, out = jobhealth("--require-workers", "1", "--max-ready-age", "60")
     assert (code, out.splitlines()[0].split(",")[0]) == (0, "healthy: 1 live worker(s)"), out

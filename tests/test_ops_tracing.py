@@ -47,11 +47,11 @@ def test_a_request_trace_shows_the_jobs_it_caused(workers):
         assert run["links"] == [run["parent"]] and run["trace_id"] == request["trace_id"]
         assert enqueue["parent"] == request["span_id"] and enqueue["attributes"]["messaging.operation.type"] == "send"
     ok = runs[out["ids"]["ok"]]
-    assert ok["name"] == "run ops.noop" and ok["status"] == "UNSET"
+    assert ok["name"] == "run ops.sleep" and ok["status"] == "UNSET"
     assert {k: v for k, v in ok["attributes"].items() if k != "axa_django.worker.id"} == {
         "messaging.system": "axa_django",
         "messaging.operation.type": "process",
-        "axa_django.job.name": "ops.noop",
+        "axa_django.job.name": "ops.sleep",
         "axa_django.job.id": out["ids"]["ok"],
         "axa_django.job.attempt": 1,
         "axa_django.job.queue": "mail",
@@ -75,7 +75,7 @@ def test_a_request_trace_shows_the_jobs_it_caused(workers):
 def test_without_a_tracer_provider_nothing_is_written_or_read(django_assert_num_queries):
     assert not tracing.active()
     with django_assert_num_queries(1):  # the INSERT alone
-        job = ops_jobs.noop.perform_later(1)
+        job = ops_jobs.nap.perform_later(0)
     with connection.cursor() as cursor:
         cursor.execute("SELECT trace_context FROM axa_queue WHERE id = %s", [job.id])
         assert cursor.fetchone() == (None,)
