@@ -226,8 +226,11 @@ def collect(using: str | None = None, queues: list[str] | None = None) -> Snapsh
     """Read the figures (a handful of bounded statements in one read-only transaction)."""
     lease = float(conf.get("LEASE_SECONDS"))
     alias = using or conf.get("DATABASE")
+    outer = connections[alias].in_atomic_block
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        cursor.execute(TIMEOUT, [STATEMENT_TIMEOUT])
+        if not outer:
+            # Transaction-local: inside the caller's transaction (ATOMIC_REQUESTS) it would outlive us.
+            cursor.execute(TIMEOUT, [STATEMENT_TIMEOUT])
         statuses, estimated = _statuses(cursor)
         cursor.execute(QUEUE_NAMES, {"queues": QUEUES})
         names = sorted({str(name) for (name,) in cursor.fetchall() if name is not None})
