@@ -1,13 +1,16 @@
 """Claiming ahead of free threads: short jobs in batches, long ones not, and nothing held is lost or charged."""
 
+import json
 import signal
+import uuid
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from django.db import connection
 
-from axa_django import Job, sql
+from axa_django import Job, JobContext, sql
+from axa_django.worker import Claimed, Worker
 from tests.conftest import wait_for
 from tests.testapp import prefetch_jobs
 
@@ -107,3 +110,20 @@ def test_a_row_with_history_is_marked_started_when_claimed_ahead(log_file):
         cursor.execute(sql.compose(sql.CLAIM, [fresh.name], [], None), {"worker": None, "limit": 5, "ahead": True})
         unmarked = {row[0]: row[6] for row in cursor.fetchall()}
     assert unmarked == {fresh.pk: True, rescued.pk: False}
+
+
+def test_a_job_cancelled_while_claimed_ahead_never_starts(log_file):
+    # A job thread taking a claimed-ahead row whose cancel arrived meanwhile ends it unrun.
+    worker = Worker(concurrency=1, install_signals=False)
+    context = JobContext(uuid.uuid4(), prefetch_jobs.held.name, 1, worker.id)
+    context.cancel()
+    job = Claimed(context.job_id, context.name, None, 1, None, args_json=json.dumps({"token": "t", "log": log_file}))
+    job.context, job.unmarked = context, True
+    worker._in_flight[job.id] = job
+    worker._work.put(job)
+    worker._work.put(None)
+    worker._job_loop()
+    outcome = worker._outcomes.get_nowait()
+    assert (outcome.status, outcome.started is not None) == ("cancelled", True)
+    assert "cancelled before it started" in outcome.error
+    assert Path(log_file).read_text() == "" and not worker._in_flight
