@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 from urllib.parse import urlencode
 
@@ -9,13 +10,15 @@ from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.decorators import method_decorator
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
+from django.views.decorators.cache import never_cache
 
-from . import admin_queues, dashboard, unhandled
+from . import admin_queues, dashboard, fleetstats, unhandled, views
 from .admin_actions import JobActions, breadcrumbs, cancellable, job_id
 from .admin_display import (
     error_line,
@@ -307,12 +310,26 @@ class QueueDashboardAdmin(admin.ModelAdmin):
 
     def get_urls(self) -> list[URLPattern]:
         info = f"{self.opts.app_label}_{self.opts.model_name}"
-        return [path("", self.admin_site.admin_view(self.changelist_view), name=f"{info}_changelist")]
+        return [
+            path("", self.admin_site.admin_view(self.changelist_view), name=f"{info}_changelist"),
+            path("data/", self.admin_site.admin_view(self.data_view), name=f"{info}_data"),
+        ]
+
+    @method_decorator(never_cache)
+    def data_view(self, request: HttpRequest) -> HttpResponse:
+        """The live dashboard's poll: the figures as JSON."""
+        if request.method != "GET":
+            return HttpResponseNotAllowed(["GET"])
+        if not self.has_view_permission(request):
+            return JsonResponse({"error": "you may not view jobs"}, status=403)
+        return views.dashboard_json()
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
         stats = dashboard.collect()
+        live = fleetstats.collect()
+        current = {w.id: w.jobs for w in live.workers}
         jobs_url = reverse("admin:axa_django_job_changelist", current_app=self.admin_site.name)
         context = {
             **self.admin_site.each_context(request),
@@ -329,7 +346,21 @@ class QueueDashboardAdmin(admin.ModelAdmin):
             "chart": dashboard.chart_svg(stats.hours),
             "completed_24h": thousands(sum(h.completed for h in stats.hours)),
             "failed_24h": thousands(sum(h.failed for h in stats.hours)),
-            "workers": [(w, format_duration(w.heartbeat_age), thousands(w.running)) for w in stats.workers],
+            "workers": [
+                (w, format_duration(w.heartbeat_age), thousands(w.running), current.get(str(w.id), []))
+                for w in stats.workers
+            ],
+            "queues": [
+                (
+                    q,
+                    format_duration(datetime.timedelta(seconds=q.oldest_ready_seconds))
+                    if q.oldest_ready_seconds is not None
+                    else "none",
+                )
+                for q in live.queues
+            ],
+            "data_url": reverse("admin:axa_django_queuedashboard_data", current_app=self.admin_site.name),
+            "refresh_seconds": dashboard.refresh_seconds(request.GET.get("refresh")),
             "unhandled": [
                 (
                     row,

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 from django.core import checks
+from django.db import DatabaseError
 
-from . import conf
+from . import budget, conf
 
 # Kept importable from here for callers written before the rules moved to conf.
 MODES = conf.MODES
@@ -29,3 +31,23 @@ def messages(user: Any) -> list[checks.CheckMessage]:
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Report a malformed AXA_DJANGO setting before a worker or view trips on it."""
     return messages(conf.user_setting())
+
+
+@checks.register(checks.Tags.database)
+def check_connection_budget(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn (W001) when the live workers' connections plus a margin reach the server's max_connections.
+
+    A database check: ``manage.py check --database default`` (and ``migrate``) run it;
+    an unreachable or unmigrated database is left to the checks that report it.
+    """
+    alias = conf.alias_as_written()
+    if not databases or alias not in databases or conf.problems(conf.user_setting()) or conf.vendor_problem(alias):
+        return []
+    try:
+        found = budget.fleet(alias, float(conf.get("LEASE_SECONDS")))
+    except (DatabaseError, psycopg.Error):
+        return []
+    if not found.tight:
+        return []
+    message, hint = budget.warning_text(found)
+    return [checks.Warning(message, hint=hint, id="axa_django.W001")]

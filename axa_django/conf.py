@@ -40,6 +40,10 @@ DEFAULTS: dict[str, Any] = {
     "RETENTION": None,
     # Time zone of cron schedules (None: settings.TIME_ZONE).
     "CRON_TIMEZONE": None,
+    # The metrics view and the dashboard's JSON answer anyone (True), or only staff with
+    # view permission on jobs and, for the metrics view, a scraper sending this bearer token.
+    "METRICS_PUBLIC": False,
+    "METRICS_TOKEN": None,
 }
 
 MODES = ("queue", "immediate")
@@ -64,6 +68,11 @@ RULES: dict[str, tuple[Any, str]] = {
     "TRANSACTION_POOLING": (lambda v: isinstance(v, bool), "True or False"),
     "RETENTION": (lambda v: v is None or _positive_number(v), "None or a positive number of seconds"),
     "CRON_TIMEZONE": (lambda v: v is None or isinstance(v, str), "None or a time zone name"),
+    "METRICS_PUBLIC": (lambda v: isinstance(v, bool), "True or False"),
+    "METRICS_TOKEN": (
+        lambda v: v is None or (isinstance(v, str) and len(v) >= 16 and v.isprintable() and v == v.strip()),
+        "None or a string of at least 16 printable characters without spaces around it",
+    ),
 }
 
 

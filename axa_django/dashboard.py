@@ -13,8 +13,11 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from . import conf
+from . import conf, fleetstats
 from .models import Job
+
+# Seconds between the live dashboard's refreshes (paused while its tab is hidden).
+REFRESH_SECONDS = 5
 
 # Counts by status; an index-only scan once the table has been vacuumed.
 STATUS_COUNTS = "SELECT status, count(*) FROM axa_queue GROUP BY status"
@@ -169,3 +172,23 @@ def chart_svg(hours: list[Hour], width: int = 720, height: int = 180) -> SafeStr
         rects=rects,
         ticks=ticks,
     )
+
+
+def refresh_seconds(asked: str | None) -> int:
+    """The page's refresh interval: ``?refresh=N`` (1 to 60 seconds) or REFRESH_SECONDS."""
+    if asked is not None and asked.isdigit() and 1 <= int(asked) <= 60:
+        return int(asked)
+    return REFRESH_SECONDS
+
+
+def live(snapshot: fleetstats.Snapshot, took: float | None = None) -> dict[str, Any]:
+    """What the live dashboard's poll returns: the snapshot plus the totals its cards show."""
+    data = snapshot.as_dict()
+    data["ready"] = sum(q.ready for q in snapshot.queues)
+    data["ready_capped"] = any(q.ready_capped for q in snapshot.queues)
+    ages = [q.oldest_ready_seconds for q in snapshot.queues if q.oldest_ready_seconds is not None]
+    data["oldest_ready_seconds"] = max(ages, default=None)
+    data["refresh_seconds"] = REFRESH_SECONDS
+    if took is not None:
+        data["took_ms"] = round(took * 1000, 1)
+    return data

@@ -18,7 +18,7 @@ import psycopg
 from asgiref.sync import async_to_sync
 from django.db import connections
 
-from . import conf, dependencies, sql
+from . import conf, dependencies, sql, tracing
 from .arguments import ArgumentsMismatch, encode, prepare_call
 from .attempts import RAISE_INLINE, Attempt, JobFailed, Recorder
 from .context import JobCancelled, JobContext, run_cancellable
@@ -67,6 +67,7 @@ class Outcome:
     started: float | None = None
 
 
+@tracing.traced
 def perform(job: Claimed, worker_id: uuid.UUID | None, resolve: Callable[[Claimed], Any]) -> Outcome:
     """Run one claimed job and return its outcome; never raises for the job's own errors.
 

@@ -215,6 +215,9 @@ class Job(models.Model):
     has_children = models.BooleanField(db_default=False)
     on_parent_failure = models.TextField(null=True, blank=True)
     workflow_id = models.UUIDField(null=True, blank=True)
+    # The W3C trace context (traceparent, tracestate) the job was enqueued under; written
+    # and read only by axa_django.tracing.
+    trace_context = RowJSONField(null=True, blank=True, editable=False)
 
     objects = JobQuerySet.as_manager()
 
@@ -292,6 +295,18 @@ class Job(models.Model):
             ),
             models.Index(
                 fields=["workflow_id"], name="axa_queue_workflow", condition=models.Q(workflow_id__isnull=False)
+            ),
+            # Serve the health figures (jobhealth, metrics, the live dashboard): queued rows
+            # per queue oldest first, and rows finished in the last minutes. "attempts >= 0"
+            # is in no claim, so the planner cannot take this index for one (it would
+            # filter other names' rows instead of walking axa_queue_claim_queue).
+            models.Index(
+                fields=["queue", "run_at"],
+                name="axa_queue_ready_queue",
+                condition=models.Q(status="queued", attempts__gte=0),
+            ),
+            models.Index(
+                fields=["finished_at"], name="axa_queue_finished", condition=models.Q(finished_at__isnull=False)
             ),
         ]
         constraints = [

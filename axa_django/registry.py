@@ -10,7 +10,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from asgiref.sync import sync_to_async
 
-from . import conf, cronexpr, flow, rows
+from . import conf, cronexpr, flow, rows, tracing
 from .arguments import bind, check_kwargs
 from .execution import run_inline
 from .models import Job
@@ -164,7 +164,7 @@ class JobFunction(Generic[P, R]):
     def perform_later(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Write a job row for a worker (or run it now in immediate mode) and return it."""
         arguments = bind(self.signature, self.name, args, kwargs)
-        job = rows.write(self.name, arguments, self._options_for(arguments), self)
+        job = tracing.enqueued(self.name, rows.write, self.name, arguments, self._options_for(arguments), self)
         if conf.get("MODE") == "immediate" and job.status == Job.Status.QUEUED:
             run_inline(job, self)
         return job
@@ -181,7 +181,7 @@ class JobFunction(Generic[P, R]):
             except (TypeError, ValueError) as error:
                 raise type(error)(f"item {index}: {error}") from None
             items.append((self.name, arguments, self._options_for(arguments)))
-        jobs = rows.write_many(items, self)
+        jobs = tracing.enqueued(self.name, rows.write_many, items, self)
         if conf.get("MODE") == "immediate":
             for job in jobs:
                 run_inline(job, self)
@@ -257,7 +257,7 @@ def enqueue(name: str, /, **kwargs: Any) -> Job:
     job = registry.get(rows.check_name(name))
     if job is not None:
         return job.perform_later(**kwargs)
-    return rows.write(name, check_kwargs(name, kwargs), Options(), None)
+    return tracing.enqueued(name, rows.write, name, check_kwargs(name, kwargs), Options(), None)
 
 
 def enqueue_many(name: str, calls: Iterable[Mapping[str, Any]], /) -> BulkResult:
@@ -271,4 +271,4 @@ def enqueue_many(name: str, calls: Iterable[Mapping[str, Any]], /) -> BulkResult
             items.append((name, check_kwargs(name, dict(kwargs)), Options()))
         except (TypeError, ValueError) as error:
             raise type(error)(f"item {index}: {error}") from None
-    return rows.write_many(items, None)
+    return tracing.enqueued(name, rows.write_many, items, None)

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 from django.db import connections
 
-from . import housekeeping, registry, sql
+from . import health, housekeeping, registry, sql
 from .context import JobCancelled
 from .execution import (
     Claimed,
@@ -40,6 +40,9 @@ logger = logging.getLogger("axa_django")
 
 class Loops:
     """The thread bodies of ``Worker`` (a mixin: the attributes are the worker's)."""
+
+    # runworker --health-file: touched at start and at each acknowledged heartbeat.
+    health_file: str | None = None
 
     def _job_loop(self) -> None:
         try:
@@ -111,6 +114,7 @@ class Loops:
         conn: psycopg.Connection[Any] | None = None
         interval = self._housekeeping_interval()
         timeout = f"{max(100, round(interval * 1000))}ms"
+        self._touch_health_file()  # the worker has just registered
         while not self._done.wait(interval):
             try:
                 if conn is None or conn.closed:
@@ -132,12 +136,19 @@ class Loops:
             except psycopg.Error as error:
                 logger.error("heartbeat failed (%s: %s); trying again in %.1fs", type(error).__name__, error, interval)
                 continue
+            self._touch_health_file()
             with self._lock:
                 for job_id in cancelled:
                     job = self._in_flight.get(job_id)
                     if job is not None and job.context is not None:
                         job.context.cancel()
         self._close(conn)
+
+    def _touch_health_file(self) -> None:
+        try:
+            health.touch(self.health_file)
+        except OSError as error:
+            logger.warning("cannot touch the health file %s (%s); jobs still run", self.health_file, error)
 
     def _finish_loop(self) -> None:
         conn: psycopg.Connection[Any] | None = None

@@ -223,3 +223,33 @@ def test_retry_a_failed_job_in_the_browser_and_a_worker_completes_it(
     live.terminate()
     live.wait(timeout=30)
     assert live.returncode == 0
+
+
+def test_the_dashboard_refreshes_itself_and_pauses_while_hidden(page: Any, live_server: Any) -> None:
+    from tests.testapp import ops_jobs
+
+    page.goto(f"{live_server.url}/admin/axa_django/queuedashboard/?refresh=1")  # every second, for the test
+    assert "No queue holds jobs." in page.locator("#axa-queues").inner_text()
+    ops_jobs.nap.using(queue="live-q").perform_later(0)
+    # No reload: the poll brings the new queue in.
+    page.wait_for_function("document.querySelector('#axa-queues tbody').textContent.includes('live-q')")
+    assert page.locator("#axa-live").get_attribute("data-state") == "live"
+    assert "Updated " in page.locator("#axa-live-state").inner_text()
+    # Hide the tab: the poll stops until it is visible again.
+    page.evaluate(
+        "Object.defineProperty(document, 'hidden', {value: true, configurable: true});"
+        "document.dispatchEvent(new Event('visibilitychange'))"
+    )
+    assert page.locator("#axa-live").get_attribute("data-state") == "paused"
+    before = page.locator("#axa-live").get_attribute("data-refreshes")
+    ops_jobs.nap.using(queue="while-hidden").perform_later(0)
+    # Let more than one interval pass on the browser's clock.
+    page.wait_for_function("(t0) => performance.now() - t0 > 2500", arg=page.evaluate("performance.now()"))
+    assert page.locator("#axa-live").get_attribute("data-refreshes") == before
+    assert "while-hidden" not in page.locator("#axa-queues").inner_text()
+    page.evaluate(
+        "Object.defineProperty(document, 'hidden', {value: false, configurable: true});"
+        "document.dispatchEvent(new Event('visibilitychange'))"
+    )
+    page.wait_for_function("document.querySelector('#axa-queues tbody').textContent.includes('while-hidden')")
+    assert page.locator("#axa-live").get_attribute("data-state") == "live"

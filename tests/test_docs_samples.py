@@ -84,6 +84,10 @@ SHAPE_ONLY: dict[tuple[str, str], str] = {
     ("docs/workers.md", "python manage.py runworker --queue emails:8 --queue default:4"): (
         "runs until stopped; tests/test_flow_pools.py runs per-queue pools as real subprocesses"
     ),
+    ("docs/operations.md", "# settings.py (or wherever the process configures OpenTelemetry)"): (
+        "sets the process-wide tracer provider and needs the OTLP exporter; tests/test_ops_tracing.py runs the same "
+        "set-up (with the SDK's in-memory exporter) in a process of its own"
+    ),
 }
 # Blocks run by other tests, and which.
 ELSEWHERE: dict[tuple[str, str], str] = {
@@ -105,6 +109,7 @@ PAGE_TESTS = {
     "docs/performance.md",
     "docs/flow-control.md",
     "docs/workflows.md",
+    "docs/operations.md",
 }
 
 
@@ -286,6 +291,8 @@ def test_shape_only_blocks(key):
             [container] = spec["containers"]
             runworker_argv(container["command"][1:])
             assert spec["terminationGracePeriodSeconds"] > _grace(container["command"])
+    elif block.lang == "python":
+        compile(block.code, page, "exec")  # at least it parses
     elif block.lang == "text" and page == "docs/performance.md":
         assert re.match(r"server: PostgreSQL \d+", block.code), block.code
     else:
@@ -644,3 +651,106 @@ def test_workflows_page():
         ns = page.run("wf.cancel()  # every job of the group not yet finished")
         assert ns["wf"].workflow.counts()["completed"] == 3
         assert jobs.report.name == "shop.jobs.report"
+
+
+# -- docs/operations.md ----------------------------------------------------------------------
+
+OPS = "docs/operations.md"
+
+
+def _jobhealth(argv: list[str]) -> tuple[int, str]:
+    out = io.StringIO()
+    try:
+        call_command(*argv[1:], stdout=out)
+    except SystemExit as exit:
+        return int(exit.code or 0), out.getvalue()
+    return 0, out.getvalue()
+
+
+def _metric_names() -> set[str]:
+    from axa_django import metrics
+
+    return set(re.findall(r'"(axa_[a-z_]+)"', Path(metrics.__file__).read_text()))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_operations_page(workers):
+    from django.urls import reverse
+
+    from axa_django import conf as axa_conf
+    from axa_django import fleetstats
+    from axa_django import metrics as prometheus
+    from benchmarks import dashboard as dashboard_benchmark
+
+    with open_page(OPS) as page:
+        # Probes: jobs waiting in a queue no worker serves, as the sample shows.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO axa_queue (id, name, args, queue, run_at) SELECT gen_random_uuid(), 'shop.jobs.send', "
+                "'{}', 'emails', now() - interval '412 seconds' FROM generate_series(1, 3)"
+            )
+        first, second = check_shell(
+            page.block("python manage.py jobhealth --max-ready-age 300 --require-workers 2").code
+        )
+        code, out = _jobhealth(first)
+        assert code == 1 and "unhealthy: 0 live worker(s), fewer than --require-workers 2" in out
+        code, out = _jobhealth(second)
+        assert code == 1 and json.loads(out)["figures"]["queues"][0]["ready"] == 3
+        sample = page.block("unhealthy: queue 'emails': 3 ready job(s) and no live worker claims from this queue").code
+        code, out = _jobhealth(["manage.py", "jobhealth", "--max-ready-age", "300"])
+        shape = [re.escape(line).replace("412\\.0s", r"[\d,.]+s") for line in sample.splitlines()]
+        assert code == 1 and len(out.splitlines()) == len(shape)
+        for pattern, line in zip(shape, out.splitlines(), strict=True):
+            assert re.fullmatch(pattern, line), (pattern, line)
+        spec = parse_yaml(page.block("spec:").code)["spec"]
+        [container] = spec["containers"]
+        worker = runworker_argv(container["command"][1:])
+        beat = worker[worker.index("--health-file") + 1]
+        assert beat in container["livenessProbe"]["exec"]["command"][2]
+        readiness = container["readinessProbe"]["exec"]["command"]
+        assert readiness[1:3] == ["manage.py", "jobhealth"]
+        _parser("jobhealth").parse_args(readiness[3:])
+        # Metrics: the URLs, the settings, the scrape config, the sample scrape, the alerts.
+        urls = page.module("# urls.py")
+        with override_settings(ROOT_URLCONF=urls):
+            path = reverse("axa_django:metrics")
+            assert path == "/jobs/metrics" and reverse("axa_django:dashboard-data") == "/jobs/dashboard.json"
+        settings = page.settings("# settings.py")["AXA_DJANGO"]
+        assert axa_conf.problems(settings) == []
+        scrape = parse_yaml(page.block("# prometheus.yml").code)["scrape_configs"][0]
+        assert scrape["metrics_path"] == path and scrape["authorization"]["credentials"] == settings["METRICS_TOKEN"]
+        text = page.block(
+            "# HELP axa_jobs Jobs in axa_queue by status (estimated from the planner's statistics when large)"
+        ).code
+        known = _metric_names()
+        lines = re.finditer(r"^(axa_\w+)(\{[^}]*\})? ", text, re.M)
+        shown = {m.group(1): set(re.findall(r'(\w+)="', m.group(2) or "")) for m in lines}
+        assert set(shown) == known, set(shown) ^ known
+        if prometheus.available():
+            from prometheus_client.parser import text_string_to_metric_families
+
+            real = prometheus.exposition(fleetstats.collect())[0].decode()
+            families = {f.name: f for f in text_string_to_metric_families(real)}
+            sample_families = {f.name: f for f in text_string_to_metric_families(text)}
+            for name, family in sample_families.items():
+                labels = {frozenset(s.labels) for s in family.samples}
+                real_labels = {frozenset(s.labels) for s in families[name].samples}
+                assert not real_labels or labels <= real_labels, name  # a family with no sample (no worker) aside
+                assert family.documentation in ("", families[name].documentation), name
+        for rule in parse_yaml(page.block("# alerts.yml").code)["groups"][0]["rules"]:
+            assert set(re.findall(r"axa_[a-z_]+", rule["expr"])) <= known, rule
+        # The dashboard's benchmark line parses as the script reads it.
+        [line] = page.block(
+            "python benchmarks/dashboard.py --url postgresql://postgres:postgres@127.0.0.1:5432/postgres --rows 1000000"
+        ).code.splitlines()
+        options = dashboard_benchmark.parse_args(shlex.split(line)[2:])
+        assert options.rows == 1_000_000
+        # Sizing: the start line a worker of --concurrency 8 prints, and the database check.
+        proc = workers.start("--burst", "--concurrency", "8", env=workers.env(AXA_LOG_LEVEL="INFO"))
+        assert proc.wait(timeout=60) == 0
+        said = page.block(
+            "this worker holds up to 13 database connections: 4 of its own (dispatcher, heartbeat, finisher, listener), one per job thread (8) while its jobs use the database, and 1 for periodic jobs and pruning; size max_connections for every worker (docs/operations.md, Sizing)"
+        ).code
+        assert said.strip() in proc.stdout.read()
+        [argv] = check_shell(page.block("python manage.py check --database default").code)
+        call_command(*argv[1:], stdout=io.StringIO(), stderr=io.StringIO())

@@ -56,6 +56,7 @@ def test_the_app_has_one_initial_migration():
         "0001_initial.py",
         "0002_flow.py",
         "0003_workflow.py",
+        "0004_ops.py",
     ]
 
 
@@ -78,7 +79,7 @@ def test_the_migrated_schema_is_the_models_schema():
         assert migrated[kind] == built[kind], kind
     names = {index.name for model in models for index in model._meta.indexes}
     assert names <= {name for _, name, _ in migrated["indexes"]}
-    assert len(names) == 14  # flow: 3; workflows: axa_queue_workflow, axa_dependency_child, _pending
+    assert len(names) == 16  # flow: 3; workflows: axa_queue_workflow, axa_dependency_child, _pending; ops: 2
 
 
 @pytest.mark.django_db

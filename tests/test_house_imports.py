@@ -25,10 +25,14 @@ ORDER = [
     "devdb",
     "pagination",
     "cronexpr",
+    "budget",
     "checks",
     "pruning",
     "unhandled",
     "dependencies",
+    "fleetstats",
+    "health",
+    "tracing",
     # The tables.
     "models",
     # Writing rows (enqueue), then running them.
@@ -54,6 +58,9 @@ ORDER = [
     # Beside the top: test helpers, the admin, commands, the app config and the package.
     "testing",
     "dashboard",
+    "metrics",
+    "views",
+    "urls",
     "admin_display",
     "admin_lists",
     "admin_actions",
@@ -62,6 +69,7 @@ ORDER = [
     "admin",
     "management",
     "management.commands",
+    "management.commands.jobhealth",
     "management.commands.listjobs",
     "management.commands.prunejobs",
     "management.commands.queues",

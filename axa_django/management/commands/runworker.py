@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from axa_django.budget import start_line
+from axa_django.health import check_health_file
 from axa_django.logs import configure_for_command
 from axa_django.pools import Pools, split
 from axa_django.selection import check_queue
@@ -46,6 +49,13 @@ def _seconds(text: str, allow_zero: bool = False) -> float:
 
 def _grace(text: str) -> float:
     return _seconds(text, allow_zero=True)
+
+
+def _health_file(text: str) -> str:
+    try:
+        return check_health_file(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _queue(text: str) -> tuple[str, int | None]:
@@ -90,6 +100,12 @@ class Command(BaseCommand):
             default=5.0,
             help="seconds a job past its timeout may take to stop before its thread is replaced (default 5)",
         )
+        parser.add_argument(
+            "--health-file",
+            type=_health_file,
+            default=None,
+            help="touch this file at start and at each heartbeat (for exec probes that cannot reach the database)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_for_command(options["verbosity"])
@@ -117,6 +133,10 @@ class Command(BaseCommand):
             raise CommandError(str(error), returncode=2) from None
         except ValueError as error:
             raise CommandError(str(error)) from None
+        # Per-queue pools are workers of their own: each says what it holds and beats the file.
+        for member in worker.workers if isinstance(worker, Pools) else [worker]:
+            member.health_file = options["health_file"]
+            logging.getLogger("axa_django").info(start_line(member.concurrency, member.notify))
         try:
             code = worker.run()
         except (CannotConnect, NotMigrated, PoolerMisconfigured) as error:

@@ -1,0 +1,87 @@
+"""Tracing: enqueue stores the trace context on the row, the worker runs each job in a span linked to it (part 3)."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+from django.db import connection
+
+from axa_django import tracing
+from tests.conftest import ROOT
+from tests.testapp import ops_jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HAS_API = importlib.util.find_spec("opentelemetry") is not None
+needs_sdk = pytest.mark.skipif(
+    not HAS_API or importlib.util.find_spec("opentelemetry.sdk") is None,
+    reason="opentelemetry-sdk is not installed (pip install 'axa-django[tracing]' opentelemetry-sdk)",
+)
+
+
+@needs_sdk
+def test_a_request_trace_shows_the_jobs_it_caused(workers):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "ops_tracing_script.py")],
+        cwd=ROOT,
+        env=workers.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["code"] == 0
+    spans = out["spans"]
+    (request,) = [s for s in spans if s["name"] == "GET /signup"]
+    runs = {s["attributes"]["axa_django.job.id"]: s for s in spans if s["kind"] == "CONSUMER"}
+    enqueues = {s["span_id"]: s for s in spans if s["kind"] == "PRODUCER"}
+    # Every row written under the request carries a traceparent of the request's trace.
+    for job_id in [out["ids"]["ok"], out["ids"]["boom"], *out["ids"]["many"]]:
+        carrier = json.loads(out["stored"][job_id])
+        assert carrier["traceparent"].split("-")[1] == request["trace_id"], carrier
+        run = runs[job_id]
+        enqueue = enqueues[run["parent"]]
+        assert run["links"] == [run["parent"]] and run["trace_id"] == request["trace_id"]
+        assert enqueue["parent"] == request["span_id"] and enqueue["attributes"]["messaging.operation.type"] == "send"
+    ok = runs[out["ids"]["ok"]]
+    assert ok["name"] == "run ops.sleep" and ok["status"] == "UNSET"
+    assert {k: v for k, v in ok["attributes"].items() if k != "axa_django.worker.id"} == {
+        "messaging.system": "axa_django",
+        "messaging.operation.type": "process",
+        "axa_django.job.name": "ops.sleep",
+        "axa_django.job.id": out["ids"]["ok"],
+        "axa_django.job.attempt": 1,
+        "axa_django.job.queue": "mail",
+        "axa_django.job.outcome": "completed",
+    }
+    boom = runs[out["ids"]["boom"]]
+    assert boom["status"] == "ERROR" and boom["attributes"]["axa_django.job.outcome"] == "failed"
+    assert "boom on purpose" in boom["description"]
+    # One bulk enqueue is one span for all its rows.
+    (bulk,) = {runs[i]["parent"] for i in out["ids"]["many"]}
+    assert enqueues[bulk]["attributes"]["axa_django.jobs"] == 2
+    # Enqueued outside any span: the enqueue span is a root, the job still joins its trace.
+    outside = runs[out["ids"]["outside"]]
+    assert enqueues[outside["parent"]]["parent"] is None and outside["trace_id"] != request["trace_id"]
+    # Odd context written by another producer: the job runs, in a span of its own.
+    for job_id in out["ids"]["odd"]:
+        assert out["statuses"][job_id] == "completed" and runs[job_id]["parent"] is None and runs[job_id]["links"] == []
+    assert set(out["statuses"].values()) == {"completed", "failed"}
+
+
+def test_without_a_tracer_provider_nothing_is_written_or_read(django_assert_num_queries):
+    assert not tracing.active()
+    with django_assert_num_queries(1):  # the INSERT alone
+        job = ops_jobs.nap.perform_later(0)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT trace_context FROM axa_queue WHERE id = %s", [job.id])
+        assert cursor.fetchone() == (None,)
+
+
+@pytest.mark.skipif(HAS_API, reason="opentelemetry-api is installed here")
+def test_without_opentelemetry_nothing_of_it_is_imported():
+    assert tracing.trace is None and "opentelemetry" not in sys.modules
+    assert tracing.traced(len) is len
