@@ -63,6 +63,8 @@ SELECT q.queue,
 FROM unnest(%(queues)s::text[]) AS q(queue)
 """
 
+PAUSED = "SELECT queue FROM axa_paused_queue"
+
 RUNNING = "SELECT queue, count(*) FROM axa_queue WHERE status = 'running' GROUP BY queue"
 
 # Finished in the last 5 minutes and the last minute, per queue and status, with the
@@ -126,6 +128,7 @@ class QueueStats:
     failed_1m: int = 0
     attempts_1m: int = 0
     ready_capped: bool = False
+    paused: bool = False  # no worker claims from it until resumed (axa_django.queues)
 
     @property
     def throughput_per_minute(self) -> float:
@@ -242,10 +245,12 @@ def collect(using: str | None = None, queues: list[str] | None = None) -> Snapsh
         for worker in workers:
             # A worker beats every lease/3: two beats missed is late, before its lease runs out.
             worker.late = worker.heartbeat_age > 2 * lease / 3
-        names = sorted(set(names) | {q for w in workers if w.alive for q in w.queues} | set(queues or []))
+        cursor.execute(PAUSED)
+        paused = {str(name) for (name,) in cursor.fetchall()}
+        names = sorted(set(names) | {q for w in workers if w.alive for q in w.queues} | set(queues or []) | paused)
         if queues is not None:
             names = [name for name in names if name in queues]
-        by_queue = {name: QueueStats(name) for name in names}
+        by_queue = {name: QueueStats(name, paused=name in paused) for name in names}
         cursor.execute(PER_QUEUE, {"queues": names, "cap": CAP})
         for name, ready, scheduled, oldest in cursor.fetchall():
             stats = by_queue[name]

@@ -88,3 +88,17 @@ def test_the_page_polls_with_no_external_assets_and_pauses_when_hidden(admin_cli
     assert "innerHTML" not in script and "http://" not in script and "https://" not in script
     # Only the admin's own scripts and styles load: nothing from another host.
     assert not re.search(r'(src|href)="(https?:)?//', html)
+
+
+def test_a_paused_queue_shows_as_paused_on_the_page_and_in_the_poll(admin_client):
+    from axa_django import queues
+
+    ops_jobs.nap.using(queue="emails").perform_later(0)
+    queues.pause("emails", reason="incident")
+    queues.pause("idle-but-paused")
+    poll = {q["queue"]: q["paused"] for q in json.loads(admin_client.get(data_url()).content)["queues"]}
+    assert poll["emails"] is True and poll["idle-but-paused"] is True
+    assert not any(paused for name, paused in poll.items() if name not in ("emails", "idle-but-paused"))
+    html = admin_client.get(page_url()).content.decode()
+    row = re.search(r"<tr><td>emails</td>.*?</tr>", html).group(0)
+    assert "<td>paused</td>" in row
