@@ -66,7 +66,17 @@ def connect(using: str, purpose: str) -> psycopg.Connection[Any]:
     if params["prepare_threshold"] is not None:
         # With a large history PostgreSQL's choice between plans goes to custom plans,
         # re-planning the claim at every call for the same plan; ours are good generic.
-        conn.execute("SELECT set_config('plan_cache_mode', 'force_generic_plan', false)")
+        # A link cut between a statement and its COMMIT leaves the server holding the
+        # transaction's row locks until it notices the dead peer (hours), and other
+        # workers' rescue waiting on them: our transactions never idle, so the server
+        # ends such a session after half a lease. (A transaction pooler owns the
+        # session instead: nothing is set there.)
+        idle = max(100, round(float(conf.get("LEASE_SECONDS")) * 500))
+        conn.execute(
+            "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), "
+            "set_config('idle_in_transaction_session_timeout', %s, false)",
+            [f"{idle}ms"],
+        )
     return conn
 
 

@@ -144,3 +144,24 @@ def test_the_workers_connections_keep_the_claims_generic_plan():
             "WHERE statement LIKE '%tests.nothing_enqueues_this%'"
         ).fetchone()
     assert (custom, generic) == (0, 7)
+
+
+def test_a_worker_connection_idle_in_a_transaction_is_ended_by_the_server_within_a_lease():
+    # As when a link dies between a statement and its COMMIT: the row lock must not outlive the lease.
+    job = jobs.add.perform_later(1)
+    with connect("default", "test") as stuck, connect("default", "test") as other:
+        stuck.execute("BEGIN")
+        stuck.execute("SELECT 1 FROM axa_queue WHERE id = %s FOR UPDATE", [job.pk])
+
+        def lockable() -> bool:
+            try:
+                with other.transaction():
+                    other.execute("SELECT 1 FROM axa_queue WHERE id = %s FOR UPDATE NOWAIT", [job.pk])
+                return True
+            except psycopg.errors.LockNotAvailable:
+                return False
+
+        assert not lockable()
+        wait_for(lockable, timeout=30, what="the server to end the idle transaction")
+        with pytest.raises(psycopg.Error, match="idle-in-transaction timeout"):
+            stuck.execute("SELECT 1")
