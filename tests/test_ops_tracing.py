@@ -24,7 +24,7 @@ needs_sdk = pytest.mark.skipif(
 @needs_sdk
 def test_a_request_trace_shows_the_jobs_it_caused(workers):
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "ops_tracing_script.py")],
+        [sys.executable, "-m", "tests.ops_tracing_script"],  # from ROOT, as a module: tests is importable
         cwd=ROOT,
         env=workers.env(),
         capture_output=True,
