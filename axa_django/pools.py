@@ -47,9 +47,11 @@ class Pools:
         self._errors: list[BaseException] = []
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        # This thread only joins the pools' threads: it holds none of the locks the
+        # workers' stop() takes, so the handler may stop them directly.
         self._signals += 1
         for worker in self.workers:
-            worker._on_signal(signum, frame)
+            worker._handle_signal(signum)
 
     def _run_one(self, index: int, worker: Worker) -> None:
         try:

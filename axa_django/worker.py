@@ -153,6 +153,7 @@ class Worker(Connections, Loops, FlowLoops):
         self._conn: psycopg.Connection[Any] | None = None
         self._threads: list[threading.Thread] = []
         self._signals = 0
+        self._signal_queue: queue_module.SimpleQueue[int | None] = queue_module.SimpleQueue()
         self._statements: dict[tuple[str, tuple[str, ...]], str] = {}
         # The first look waits a lease: workers started together have all registered by then.
         self._next_unhandled = time.monotonic() + self.lease
@@ -178,6 +179,17 @@ class Worker(Connections, Loops, FlowLoops):
         self.abort()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        # A handler runs between two bytecodes of the main thread, which may be inside one
+        # of the Events stop() sets, holding its lock: setting it here would deadlock. A
+        # SimpleQueue's put is reentrant, so the signal goes to a thread of its own.
+        self._signal_queue.put(signum)
+
+    def _signal_loop(self) -> None:
+        while (signum := self._signal_queue.get()) is not None:
+            self._handle_signal(signum)
+
+    def _handle_signal(self, signum: int) -> None:
+        """Stop at the first SIGTERM/SIGINT, abort at the second."""
         self._signals += 1
         if self._signals == 1:
             logger.info("received %s: finishing jobs in progress (again to abort)", signal.Signals(signum).name)
@@ -197,6 +209,7 @@ class Worker(Connections, Loops, FlowLoops):
         """Run until stopped (or drained with burst); return the exit code."""
         previous = {}
         if self.install_signals and threading.current_thread() is threading.main_thread():
+            threading.Thread(target=self._signal_loop, name="axa-signals", daemon=True).start()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 previous[signum] = signal.signal(signum, self._on_signal)
         try:
@@ -204,6 +217,8 @@ class Worker(Connections, Loops, FlowLoops):
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+            if previous:
+                self._signal_queue.put(None)
 
     def _run(self) -> int:
         names = self.handler_names()
