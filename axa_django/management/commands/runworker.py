@@ -17,24 +17,23 @@ from axa_django.selection import check_queue
 from axa_django.worker import CannotConnect, NotMigrated, PoolerMisconfigured, UnknownJobs, Worker
 
 
-def _positive_int(text: str) -> int:
+def _whole(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < least:
+        bound = "at least 1" if least == 1 else f"{least} or more"
+        raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _whole(text, 1)
 
 
 def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+    return _whole(text, 0)
 
 
 def _seconds(text: str, allow_zero: bool = False) -> float:
