@@ -27,6 +27,10 @@ import psycopg.sql
 # dead worker held without starting is queued again without losing an attempt. A row
 # with history (an error, a rescue) is marked at once, so that a job that kills its
 # worker still costs an attempt from its second try on and cannot loop for ever.
+# The rows are found by their ids alone: the walk has locked them, still queued, so
+# nothing can change them before the UPDATE, and with no status test the planner has
+# only the primary key to find them by. With one, a generic plan made while the
+# statistics said nothing was queued walked the whole ready index for the ids.
 # RETURNING comes in no particular order: the worker sorts by priority and run_at.
 CLAIM = """
 UPDATE axa_queue q
@@ -38,7 +42,7 @@ WHERE q.id = ANY(ARRAY(
     SELECT c.id FROM ({walks}) AS c
     ORDER BY c.priority DESC, c.run_at
     LIMIT %(limit)s
-)) AND q.status = 'queued'
+))
 RETURNING q.id, q.name, q.args::text, q.attempts, q.max_attempts, q.backend, q.started_at IS NULL,
     q.priority, q.run_at, set_config('synchronous_commit', 'off', true), q.timeout, now()
 """

@@ -1,27 +1,34 @@
 """The worker's statements for jobs with concurrency and rate limits (beside sql.py, which holds the rest).
 
 ``{limited}`` is filled with the worker's limited job names, ``{queue_filter}`` and
-``{paused}`` as in sql.py, by ``sql.compose``.
+``{paused}`` as in sql.py, by ``sql.compose``; ``{caps}``, the names' limits (or seconds
+between starts), numbers only, by workerflow.py before that.
 """
 
 from __future__ import annotations
 
 # Jobs with a concurrency limit are claimed apart, so that jobs without one keep the
-# CLAIM of sql.py unchanged. Two statements in one transaction (workerflow.py): LIMITED_PAIRS
-# finds (name, key) pairs with queued rows and try-locks each (a transaction-scoped
-# advisory lock; a pair another worker is claiming is skipped, never waited for), then
-# CLAIM_LIMITED, a new statement with a new snapshot that sees every claim committed
-# under the lock before, counts each locked pair's running rows and claims at most the
-# rest of its limit. Counting in the statement that takes the lock would be racy: its
-# snapshot predates the lock. Running rows are counted from the table itself, so a
-# slot comes back whenever its row stops running: finished, failed, or rescued with a
-# dead worker's lease. Pairs are walked per name over axa_queue_claim_limited (a skip
-# scan), from where the last claim stopped and wrapping round, so a held-back key never
-# blocks the keys behind it.
+# CLAIM of sql.py unchanged. Two statements in one transaction, sent as one pipeline (one
+# round trip; workerflow.py):
+# - LIMITED_PICK walks (name, key) pairs with queued rows, try-locks each (a
+#   transaction-scoped advisory lock; a pair another worker is claiming is passed over,
+#   never waited for) and locks its best queued rows, FOR UPDATE SKIP LOCKED, up to the
+#   slots its snapshot says are free. A row lock sees the row's newest version, so a
+#   row another worker claimed a moment ago is passed over too, and the walk goes on
+#   until %(limit)s rows are held. The rows go to the transaction's setting axa.picked.
+# - CLAIM_LIMITED, a new statement with a new snapshot that sees every claim committed
+#   under the pair's lock before, counts each pair's running rows and claims at most
+#   the rest of its limit of the rows held. Counting in the statement that takes the
+#   lock would be racy: its snapshot predates the lock. Rows held and not claimed are
+#   let go at COMMIT, still queued.
+# Running rows are counted from the table itself, so a slot comes back whenever its row
+# stops running: finished, failed, or rescued with a dead worker's lease. Pairs are
+# walked per name over axa_queue_claim_limited (a skip scan), from where the last claim
+# stopped and wrapping round, so a held-back key never blocks the keys behind it.
 LOCK_NAMESPACE = 0x0A7A0001
 RATE_NAMESPACE = 0x0A7A0002
 _PAIR_WALK = """
-    SELECT n.name, w.key FROM unnest({limited}::text[]) AS n(name) CROSS JOIN LATERAL (
+    SELECT n.name, n.cap, w.key FROM unnest({limited}::text[], {caps}) AS n(name, cap) CROSS JOIN LATERAL (
         WITH RECURSIVE walk AS (
             (SELECT 1 AS i, {column} AS key FROM axa_queue
              WHERE status = 'queued' AND {column} IS NOT NULL AND name = n.name AND {column} {start}
@@ -30,68 +37,104 @@ _PAIR_WALK = """
             SELECT p.i + 1, x.key FROM walk p CROSS JOIN LATERAL (
                 SELECT {column} AS key FROM axa_queue
                 WHERE status = 'queued' AND {column} IS NOT NULL AND name = n.name AND {column} > p.key
+                  {end}
                 ORDER BY {column} LIMIT 1
-            ) AS x WHERE p.i < %(pairs)s
+            ) AS x WHERE p.i < %(reach)s
         )
         SELECT key FROM walk
     ) AS w"""
 
 
-def _pairs(column: str, namespace: int) -> str:
-    # The walk from the last key of the previous claim comes first, the wrapped one
-    # after; a pair both find comes twice (its lock is taken again, harmlessly) and the
-    # worker keeps it once.
+def _walks(column: str) -> str:
+    # The walk from the last key of the previous claim comes first, then the one from
+    # the first key up to it (wrapping round). Rows are pulled from them lazily, only
+    # until the statement's LIMIT is met.
     walk = _PAIR_WALK.replace("{column}", column)
-    return f"""
-SELECT name, key FROM (
-    {walk.replace("{start}", ">= %(start)s")}
-    UNION ALL
-    {walk.replace("{start}", "IS NOT NULL")}
-    LIMIT %(pairs)s
-) AS pairs
-WHERE pg_try_advisory_xact_lock({namespace}, hashtext(name || E'\\x1f' || key))
-"""
+    return f"""(
+        {walk.replace("{start}", ">= %(start)s").replace("{end}", "")}
+        UNION ALL
+        {walk.replace("{start}", "< %(start)s").replace("{end}", f"AND {column} < %(start)s")}
+    )"""
 
 
-LIMITED_PAIRS = _pairs("concurrency_key", LOCK_NAMESPACE)
-CLAIM_LIMITED = """
-UPDATE axa_queue q
-SET status = 'running', started_at = now(), updated_at = now(),
-    attempts = LEAST(q.attempts, 2147483646) + 1, worker_id = %(worker)s, cancel_requested = false,
-    run_at = CASE WHEN q.run_at = '-infinity' THEN now() ELSE q.run_at END
-WHERE q.id = ANY(ARRAY(
-    SELECT c.id FROM unnest(%(names)s::text[], %(keys)s::text[], %(limits)s::int[]) AS p(name, key, cap)
+def _lock(namespace: int, name: str, key: str) -> str:
+    return f"pg_try_advisory_xact_lock({namespace}, hashtext({name} || E'\\x1f' || {key}))"
+
+
+_BUSY = """(SELECT count(*) FROM axa_queue r
+        WHERE r.status = 'running' AND r.concurrency_key = {key} AND r.name = {name})"""
+# The last key with rows is returned for the next claim to start from.
+LIMITED_PICK = f"""
+WITH picked AS MATERIALIZED (
+    SELECT c.id, walked.name, walked.key, walked.cap, c.priority, c.run_at, row_number() OVER () AS n
+    FROM {_walks("concurrency_key")} AS walked
     CROSS JOIN LATERAL (
         SELECT count(*) AS busy FROM axa_queue r
-        WHERE r.status = 'running' AND r.concurrency_key = p.key AND r.name = p.name
+        WHERE r.status = 'running' AND r.concurrency_key = walked.key AND r.name = walked.name
     ) AS b
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM axa_queue
-        WHERE status = 'queued' AND concurrency_key = p.key AND name = p.name AND run_at <= now()
-          {queue_filter} {paused}
+        WHERE status = 'queued' AND concurrency_key = walked.key AND name = walked.name AND run_at <= now()
+          {{queue_filter}} {{paused}}
         ORDER BY priority DESC, run_at
-        LIMIT GREATEST(p.cap - b.busy, 0)
+        LIMIT CASE WHEN b.busy < walked.cap THEN
+            CASE WHEN {_lock(LOCK_NAMESPACE, "walked.name", "walked.key")} THEN walked.cap - b.busy ELSE 0 END
+        ELSE 0 END
         FOR UPDATE SKIP LOCKED
     ) AS c
-    ORDER BY c.priority DESC, c.run_at
     LIMIT %(limit)s
-)) AND q.status = 'queued'
-RETURNING q.id, q.name, q.args::text, q.attempts, q.max_attempts, q.backend, false,
+)
+SELECT set_config('axa.picked', COALESCE((SELECT jsonb_agg(to_jsonb(picked)) FROM picked), '[]')::text, true),
+    (SELECT key FROM picked ORDER BY n DESC LIMIT 1)
+"""
+# Rows are claimed ahead of free threads as by CLAIM (%(ahead)s): a row waiting in the
+# worker holds its slot, for no longer than the worker's claim-ahead horizon. The ids
+# are gathered in ARRAY(...), run once, and the rows found by id alone, as in CLAIM:
+# LIMITED_PICK holds them locked. Joined instead, a generic plan made while the
+# statistics said nothing was queued walked every queued row against the picked ones.
+CLAIM_LIMITED = f"""
+UPDATE axa_queue q
+SET status = 'running', updated_at = now(),
+    started_at = CASE WHEN NOT %(ahead)s OR q.errors <> '[]'::jsonb THEN now() END,
+    attempts = LEAST(q.attempts, 2147483646) + 1, worker_id = %(worker)s, cancel_requested = false,
+    run_at = CASE WHEN q.run_at = '-infinity' THEN now() ELSE q.run_at END
+WHERE q.id = ANY(ARRAY(
+    SELECT id FROM (
+        SELECT p.id, p.cap - {_BUSY.format(key="p.key", name="p.name")} AS free,
+            row_number() OVER (PARTITION BY p.name, p.key ORDER BY p.priority DESC, p.run_at) AS rank
+        FROM jsonb_to_recordset(current_setting('axa.picked')::jsonb)
+            AS p(id uuid, name text, key text, cap int, priority int, run_at timestamptz)
+    ) AS ranked
+    WHERE rank <= free
+))
+RETURNING q.id, q.name, q.args::text, q.attempts, q.max_attempts, q.backend, q.started_at IS NULL,
     q.priority, q.run_at, set_config('synchronous_commit', 'off', true), q.timeout, now()
 """
 
 # Jobs with a rate limit (at most N starts per period and key, across the fleet): the
 # same pair walk and try-lock over rate_key, then one statement that claims at most one
 # row per pair whose next start is due (its theoretical arrival time, tat, is past) and
-# moves the pair's tat one interval (period / N) on. Starts are spaced evenly, as
-# Celery's rate_limit spaces them, so no window of one period ever holds more than N;
-# there are no bursts. RATE_WAIT then says when the next token of a locked pair falls
-# due, for the dispatcher to wake at.
-RATED_PAIRS = _pairs("rate_key", RATE_NAMESPACE)
+# moves the pair's tat one interval (period / N, the pair's cap here) on. Starts are
+# spaced evenly, as Celery's rate_limit spaces them, so no window of one period ever
+# holds more than N; there are no bursts. RATE_WAIT then says when the next token of a
+# locked pair falls due, for the dispatcher to wake at. All three go in one pipeline.
+# Rate-limited rows are claimed for free threads only: a token spent on a row that
+# waits in the worker would bring two starts closer than the interval.
+# The pairs it locked go to axa.pairs, with the seconds between their starts.
+RATED_PAIRS = f"""
+WITH found AS MATERIALIZED (
+    SELECT name, cap, key, row_number() OVER () AS n FROM {_walks("rate_key")} AS walked
+    WHERE {_lock(RATE_NAMESPACE, "name", "key")}
+    LIMIT %(limit)s
+)
+SELECT set_config('axa.pairs', COALESCE(
+        (SELECT jsonb_agg(jsonb_build_object('name', name, 'key', key, 'cap', cap)) FROM found), '[]')::text, true),
+    (SELECT key FROM found ORDER BY n DESC LIMIT 1)
+"""
 CLAIM_RATED = """
 WITH state AS (
-    SELECT p.name, p.key, p.step, COALESCE(b.tat, '-infinity') AS tat
-    FROM unnest(%(names)s::text[], %(keys)s::text[], %(steps)s::float8[]) AS p(name, key, step)
+    SELECT p.name, p.key, p.cap AS step, COALESCE(b.tat, '-infinity') AS tat
+    FROM jsonb_to_recordset(current_setting('axa.pairs')::jsonb) AS p(name text, key text, cap float8)
     LEFT JOIN axa_rate_bucket b ON b.name = p.name AND b.key = p.key
 ), picked AS MATERIALIZED (
     SELECT c.id, s.name, s.key, s.step FROM state s CROSS JOIN LATERAL (
@@ -109,7 +152,7 @@ WITH state AS (
         attempts = LEAST(q.attempts, 2147483646) + 1, worker_id = %(worker)s, cancel_requested = false,
         run_at = CASE WHEN q.run_at = '-infinity' THEN now() ELSE q.run_at END
     FROM picked
-    WHERE q.id = picked.id AND q.status = 'queued'
+    WHERE q.id = picked.id
     RETURNING q.id, q.name, q.args::text, q.attempts, q.max_attempts, q.backend, q.priority, q.run_at,
         q.timeout, picked.key AS pair_key, picked.step
 ), spent AS (
@@ -124,7 +167,7 @@ FROM claimed
 """
 RATE_WAIT = """
 SELECT extract(epoch FROM min(b.tat) - now())::float8
-FROM unnest(%(names)s::text[], %(keys)s::text[]) AS p(name, key)
+FROM jsonb_to_recordset(current_setting('axa.pairs')::jsonb) AS p(name text, key text)
 JOIN axa_rate_bucket b ON b.name = p.name AND b.key = p.key
 WHERE b.tat > now()
 """

@@ -283,7 +283,7 @@ class Worker(Connections, Loops, FlowLoops):
             if jobs is None:  # database trouble: already logged and backed off
                 continue
             claimed_total += len(jobs)
-            backlog = len(jobs) == room
+            backlog = self._backlog = len(jobs) == room
             for job in jobs:
                 self._work.put(job)
             if len(jobs) < room:
@@ -399,11 +399,9 @@ class Worker(Connections, Loops, FlowLoops):
         """Claim up to ``limit`` rows; ``ahead``: more than there are free threads, started_at left for later."""
         if not names and not self.backends:
             return []
-        # Jobs with a concurrency or rate limit first (workerflow.py), for free threads only:
-        # a row claimed ahead would hold its slot or spend its token while it waits.
-        # Then the others as ever.
+        # Jobs with a concurrency or rate limit first (workerflow.py), then the others as ever.
         free = max(0, self.concurrency - (len(self._in_flight) - self._work.qsize()))
-        rows = self._claim_limited(names, min(limit, free))
+        rows = self._claim_limited(names, limit, free, ahead)
         fast = [name for name in names if name not in self._limited_names(names)]
         if len(rows) < limit and (fast or self.backends):
             params = {"worker": self.id, "limit": limit - len(rows), "ahead": ahead}
@@ -411,8 +409,8 @@ class Worker(Connections, Loops, FlowLoops):
             if more is None and not rows:
                 return None
             more = more or []
-            more.sort(key=lambda row: (-row[7], row[8]))  # the claim's own order: threads take the best first
-            rows += more  # after the limited rows, which hold a slot until they start
+            rows += more
+        rows.sort(key=lambda row: (-row[7], row[8]))  # the claims' own order: threads take the best first
         jobs = [
             Claimed(job_id, name, None, attempt, max_attempts, backend, args_json=args, unmarked=unmarked)
             for job_id, name, args, attempt, max_attempts, backend, unmarked, *_ in rows

@@ -31,6 +31,9 @@ TICK = 0.5
 # How often rows of limited jobs written without a key are looked for: each look walks
 # the queued rows of those jobs, so not at every housekeeping.
 ADOPT_SECONDS = 60.0
+# How many keys of a name a claim may walk past for each pair it wants: pairs other
+# workers hold, or with no slot free, are passed over up to this many times the want.
+REACH = 8
 
 
 class FlowLoops:
@@ -45,6 +48,10 @@ class FlowLoops:
         self._watchdog_wake = threading.Event()
         # Where the next walk over limited pairs starts (round robin), per kind of limit.
         self._pair_start: dict[str, str] = {}
+        self._flow_sql: dict[str, tuple[str, str]] = {}  # kind -> (pair walk, claim), composed once
+        # Whether the dispatcher's last claim filled its room: it then claims again as soon
+        # as a thread frees, so a slot its finished jobs free is taken without waking others.
+        self._backlog = False
         self._limits: dict[str, int] | None = None
         self._steps: dict[str, float] = {}
         self._token_due: float | None = None
@@ -65,48 +72,45 @@ class FlowLoops:
         limits, steps = self._keyed(names)
         return set(limits) | set(steps)
 
-    def _claim_limited(self, names: list[str], limit: int) -> list[tuple[Any, ...]]:
-        """Claim up to ``limit`` rows of jobs with limits, each (name, key) pair within its limit."""
+    def _claim_limited(self, names: list[str], limit: int, free: int, ahead: bool) -> list[tuple[Any, ...]]:
+        """Claim up to ``limit`` rows of jobs with limits, each (name, key) pair within its limit.
+
+        Rows with a concurrency limit may be claimed ahead (``ahead``: beyond the ``free``
+        threads), rows with a rate limit only for free threads.
+        """
         limits, steps = self._keyed(names)
         rows: list[tuple[Any, ...]] = []
         if limits:
-            rows += self._claim_pairs("concurrency", sqlflow.LIMITED_PAIRS, sqlflow.CLAIM_LIMITED, limits, limit)
-        if steps and len(rows) < limit:
-            rows += self._claim_pairs("rate", sqlflow.RATED_PAIRS, sqlflow.CLAIM_RATED, steps, limit - len(rows))
+            rows += self._claim_pairs("concurrency", limits, limit, ahead)
+        if steps and len(rows) < min(limit, free):
+            rows += self._claim_pairs("rate", steps, min(limit, free) - len(rows), False)
         return rows
 
-    def _claim_pairs(
-        self, kind: str, pairs_sql: str, claim_sql: str, caps: dict[str, Any], limit: int
-    ) -> list[tuple[Any, ...]]:
+    def _claim_pairs(self, kind: str, caps: dict[str, Any], limit: int, ahead: bool) -> list[tuple[Any, ...]]:
         conn = self._conn
         if limit < 1 or conn is None or conn.closed:
             return []
-        limited = sorted(caps)
-        pairs_sql = self._composed_flow(pairs_sql, limited)
-        claim_sql = self._composed_flow(claim_sql, limited)
+        rate = kind == "rate"
+        pairs_sql, claim_sql = self._flow_statements(kind, caps)
+        params = {"worker": self.id, "limit": limit, "ahead": ahead}
         try:
-            with conn.transaction(), conn.cursor() as cursor:
-                cursor.execute(pairs_sql, {"start": self._pair_start.get(kind, ""), "pairs": max(4, limit)})
-                found = list(dict.fromkeys(cursor.fetchall()))  # once each, in walk order
-                self._pair_start[kind] = found[-1][1] if found else ""
-                if not found:
-                    if kind == "rate":
-                        self._token_due = None
-                    return []
-                names = [name for name, _ in found]
-                keys = [key for _, key in found]
-                params = {"worker": self.id, "limit": limit, "names": names, "keys": keys}
-                if kind == "rate":
-                    params["steps"] = [caps[name] for name in names]
-                else:
-                    params["limits"] = [caps[name] for name in names]
-                cursor.execute(claim_sql, params)
-                rows = cursor.fetchall()
-                if kind == "rate":
-                    cursor.execute(sqlflow.RATE_WAIT, {"names": names, "keys": keys})
-                    wait = (cursor.fetchone() or (None,))[0]
-                    self._token_due = None if wait is None else time.monotonic() + float(wait)
-                return rows
+            # BEGIN, the pair walk, the claim (and the rate's next token), COMMIT: one
+            # round trip. The claim reads the pairs the walk locked from axa.pairs.
+            with conn.pipeline(), conn.transaction():
+                # A rate claim locks its pairs (then takes one row of each whose token is
+                # due), a concurrency claim the rows themselves.
+                want = max(4, limit) if rate else limit
+                walk = {"start": self._pair_start.get(kind, ""), "limit": want, "reach": REACH * max(4, limit)}
+                found = conn.execute(pairs_sql, walk)
+                claimed = conn.execute(claim_sql, params)
+                wait = conn.execute(sqlflow.RATE_WAIT) if rate else None
+            last = found.fetchone()
+            rows = claimed.fetchall()
+            self._pair_start[kind] = last[1] if last and last[1] is not None else ""
+            if wait is not None:
+                seconds = (wait.fetchone() or (None,))[0]
+                self._token_due = None if seconds is None else time.monotonic() + float(seconds)
+            return rows
         except psycopg.Error as error:
             logger.warning("claiming jobs with %s limits failed (%s); trying again shortly", kind, error)
             if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
@@ -114,6 +118,23 @@ class FlowLoops:
                 self._conn = None
             self._aborting.wait(0.2)
             return []
+
+    def _flow_statements(self, kind: str, caps: dict[str, Any]) -> tuple[str, str]:
+        """The pair walk and the claim of ``kind``, composed once with this worker's limited names."""
+        if kind not in self._flow_sql:
+            limited = sorted(caps)
+            rate = kind == "rate"
+            pairs = sqlflow.RATED_PAIRS if rate else sqlflow.LIMITED_PICK
+            claim = sqlflow.CLAIM_RATED if rate else sqlflow.CLAIM_LIMITED
+            # Limits and steps are numbers, written in before compose writes names in.
+            kind_of = "float8" if rate else "int"
+            numbers = f"ARRAY[{', '.join(repr(caps[n]) for n in limited)}]::{kind_of}[]"
+            pairs, claim = pairs.replace("{caps}", numbers), claim.replace("{caps}", numbers)
+            self._flow_sql[kind] = (
+                sql.compose(pairs, limited, [], self.queues, limited),
+                sql.compose(claim, limited, [], self.queues, limited),
+            )
+        return self._flow_sql[kind]
 
     def _adopt_unkeyed(self, names: list[str]) -> None:
         """Give rows of limited jobs written without a key (by SQL, the seed, another service) the shared key.
@@ -133,15 +154,15 @@ class FlowLoops:
         due = self._token_due
         return seconds if due is None else max(0.0, min(seconds, due - time.monotonic()))
 
-    def _composed_flow(self, template: str, limited: list[str]) -> str:
-        key = (template, ("limited", *limited))
-        if key not in self._statements:
-            self._statements[key] = sql.compose(template, limited, [], self.queues, limited)
-        return self._statements[key]
-
     def _wake_limited(self, conn: psycopg.Connection[Any] | None, batch: list[Any]) -> None:
-        """Rows with a concurrency limit finished: their slots are free, so wake idle workers (every host)."""
+        """Rows with a concurrency limit finished: their slots are free, so wake idle workers (every host).
+
+        Not while this worker has a backlog: its own next claim comes at once, and a
+        NOTIFY per finished batch would have every idle worker of the fleet claim in vain.
+        """
         if not self._limits or conn is None or conn.closed or not self.notify:
+            return
+        if self._backlog and not self._stopping.is_set():
             return
         if any(outcome.name in self._limits for outcome in batch):
             try:

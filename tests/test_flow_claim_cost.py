@@ -16,7 +16,7 @@ import pytest
 from django.db import connection
 
 from axa_django import queues, sql, sqlflow
-from axa_django.worker import connect
+from axa_django.worker import Worker, connect
 from tests.testapp import flow_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -50,43 +50,40 @@ def explained(cursor: psycopg.Cursor[Any], query: str, params: dict[str, Any]) -
     return buffers(plan), json.dumps(plan)
 
 
-def claim_cost(query: str, params: dict[str, Any], pairs: tuple[str, dict[str, Any], str] | None = None) -> int:
-    """Buffers of one claim of 10 (for a limited job: its pair walk, then its claim); rolled back."""
+def claim_cost(query: str, params: dict[str, Any], walk: tuple[str, dict[str, Any]] | None = None) -> int:
+    """Buffers of one claim of 10 (for a limited job: its walk, then its claim); rolled back."""
     with connect("default", "test") as conn, conn.transaction(force_rollback=True), conn.cursor() as cursor:
         total = 0
-        if pairs is not None:
-            pairs_sql, pairs_params, kind = pairs
-            cost, plan = explained(cursor, pairs_sql, pairs_params)
-            assert "Seq Scan" not in plan, plan
-            total += cost
-            cursor.execute(pairs_sql, pairs_params)
-            found = list(dict.fromkeys(cursor.fetchall()))
-            assert found
-            params = {**params, "names": [n for n, _ in found], "keys": [k for _, k in found]}
-            params["limits" if kind == "concurrency" else "steps"] = [1 if kind == "concurrency" else 0.2] * len(found)
-        cost, plan = explained(cursor, query, params)
-        assert (
-            "Seq Scan on axa_queue " not in plan
-            and '"Seq Scan", "Parallel Aware": false, "Async Capable": false, "Relation Name": "axa_queue"' not in plan
-        ), plan
-        return total + cost
+        if walk is not None:
+            walk_sql, walk_params = walk
+            total += explained_without_scan(cursor, walk_sql, walk_params)
+            cursor.execute(walk_sql, walk_params)  # leaves what it found for the claim, in axa.picked or axa.pairs
+            assert cursor.fetchone()[1] is not None, "the walk found nothing"
+        return total + explained_without_scan(cursor, query, params)
+
+
+def explained_without_scan(cursor: psycopg.Cursor[Any], query: str, params: dict[str, Any]) -> int:
+    cost, plan = explained(cursor, query, params)
+    scans = [node for node in nodes(json.loads(plan)) if node["Node Type"] == "Seq Scan"]
+    assert all(node["Relation Name"] != "axa_queue" for node in scans), plan
+    return cost
+
+
+def nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    return [plan] + [node for child in plan.get("Plans", []) for node in nodes(child)]
 
 
 def test_claims_with_limits_rates_and_pauses_touch_at_most_twice_the_buffers_of_the_plain_claim() -> None:
     fill()
     params = {"worker": None, "limit": 10, "ahead": False}
     plain = claim_cost(sql.compose(sql.CLAIM, [U], [], None), params)
-    walk = {"start": "", "pairs": 10}
-    limited = claim_cost(
-        sql.compose(sqlflow.CLAIM_LIMITED, [L], [], None, [L]),
-        params,
-        (sql.compose(sqlflow.LIMITED_PAIRS, [L], [], None, [L]), walk, "concurrency"),
-    )
-    rated = claim_cost(
-        sql.compose(sqlflow.CLAIM_RATED, [R], [], None, [R]),
-        params,
-        (sql.compose(sqlflow.RATED_PAIRS, [R], [], None, [R]), walk, "rate"),
-    )
+    worker = Worker(install_signals=False)
+    limits, steps = worker._keyed([L, R])
+    walk = {"start": "", "limit": 10, "reach": 80}
+    pick, claim = worker._flow_statements("concurrency", limits)
+    limited = claim_cost(claim, params, (pick, walk))
+    pairs, claim = worker._flow_statements("rate", steps)
+    rated = claim_cost(claim, params, (pairs, walk))
     queues.pause("paused-q")
     paused_plain = claim_cost(sql.compose(sql.CLAIM, [U], [], None), params)
     paused_queue_worker = claim_cost(sql.compose(sql.CLAIM, [U], [], ["paused-q", "default"]), params)
