@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from axa_django import queues, sql, sqlflow
+from axa_django import queues, sql
 from axa_django.worker import Worker, connect
 from tests.testapp import flow_jobs
 

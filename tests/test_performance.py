@@ -1,13 +1,15 @@
 """What keeps the queue fast, checked for behaviour (figures live in benchmarks/)."""
 
+import re
+
 import psycopg
 import pytest
 from django.db import connection, transaction
 
 from axa_django import Job, sql
-from axa_django.worker import connect
+from axa_django.worker import Worker, connect
 from tests.conftest import wait_for
-from tests.testapp import jobs
+from tests.testapp import flow_jobs, jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,6 +55,36 @@ def test_the_seeds_ready_index_serves_the_oldest_ready_job():
     fill(finished=20_000, foreign=5_000)
     plan = explain("SELECT id FROM axa_queue WHERE status = 'queued' AND run_at <= now() ORDER BY run_at LIMIT 1", {})
     assert "axa_queue_ready" in plan, plan
+
+
+def generic_plan(query: str) -> str:
+    """EXPLAIN of the plan a worker connection caches for ``query`` (generic: made without its parameters)."""
+    slots: dict[str, str] = {}
+    text = re.sub(r"%\((\w+)\)s", lambda m: slots.setdefault(m.group(1), f"${len(slots) + 1}"), query)
+    with connect("default", "test") as conn:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute(psycopg.sql.SQL("PREPARE claim AS ") + psycopg.sql.SQL(text.replace("%%", "%")))
+        nulls = ", ".join("NULL" for _ in slots)
+        rows = conn.execute(psycopg.sql.SQL(f"EXPLAIN EXECUTE claim({nulls})")).fetchall()
+    return "\n".join(row[0] for row in rows)
+
+
+def test_claims_find_their_rows_by_primary_key_even_when_the_statistics_saw_nothing_queued():
+    # Statistics taken while nothing was queued (a quiet queue, most rows finished), then a
+    # backlog: with a status test beside the ids, the cached plan walked the whole ready
+    # index for the claimed ids, every claim (28 ms instead of 1 with 20,000 queued).
+    fill(finished=20_000, foreign=0)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE axa_queue")
+    jobs.count.perform_later_many([{"fail": False} for _ in range(2_000)])
+    flow_jobs.one_per_account.perform_later_many([{"account_id": i} for i in range(2_000)])
+    worker = Worker(install_signals=False)
+    limits, _ = worker._keyed([flow_jobs.one_per_account.name])
+    _, claim_limited = worker._flow_statements("concurrency", limits)
+    for query in (sql.compose(sql.CLAIM, ["CountWorker"], [], None), claim_limited):
+        plan = generic_plan(query)
+        target = plan.split("\n")[[i for i, line in enumerate(plan.split("\n")) if " on axa_queue q" in line][-1]]
+        assert "axa_queue_pkey" in plan and "axa_queue_ready on axa_queue q" not in target, plan
 
 
 def listen() -> psycopg.Connection:

@@ -40,6 +40,23 @@ def test_short_jobs_are_claimed_in_batches_ahead_of_free_threads(workers, log_fi
     assert not Job.objects.filter(started_at__isnull=True).exists()
 
 
+@pytest.mark.parametrize("keys", [300, 3])
+def test_jobs_with_a_concurrency_limit_are_claimed_ahead_too_each_key_within_its_limit(log_file, keys):
+    prefetch_jobs.held_per_key.perform_later_many(
+        [{"key": f"k{i % keys}", "token": f"t{i}", "log": log_file} for i in range(300)]
+    )
+    assert Worker(burst=True, install_signals=False, concurrency=2).run() == 0
+    lines = [line.split() for line in Path(log_file).read_text().splitlines()]
+    assert sorted(token for token, _, _ in lines) == sorted(f"t{i}" for i in range(300))
+    # A row claimed ahead holds its key's slot until it has run: never two of one key at once.
+    assert max(int(most) for _, _, most in lines) == 1
+    if keys == 300:
+        assert max(int(held) for _, held, _ in lines) > 4, lines
+    else:
+        assert max(int(held) for _, held, _ in lines) <= keys
+    assert not Job.objects.exclude(status="completed").exists()
+
+
 @pytest.mark.parametrize("args", [["--prefetch", "0"], []], ids=["prefetch-0", "long-jobs"])
 def test_long_jobs_or_prefetch_0_hold_no_row_beyond_the_threads(workers, log_file, args):
     seconds = 0.0 if args else 0.2

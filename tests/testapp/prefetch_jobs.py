@@ -51,3 +51,18 @@ def retried_now(log: str) -> None:
         f.write("run\n")
     if len(Path(log).read_text().splitlines()) < 2:
         raise RuntimeError("fails once")
+
+
+@background_job(takes_context=True, concurrency=1, concurrency_key=lambda key, **_: key)
+def held_per_key(context: JobContext, key: str, token: str, log: str) -> None:
+    """As ``held``, one at a time per ``key``; also logs the most rows of one key running (claimed or started)."""
+    count = _held(context.worker_id)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT COALESCE(max(n), 0) FROM (SELECT count(*) AS n FROM axa_queue WHERE status = 'running' "
+            "AND name = %s GROUP BY concurrency_key) AS per_key",
+            [held_per_key.name],
+        )
+        most = cursor.fetchone()[0]
+    with open(log, "a") as f:
+        f.write(f"{token} {count} {most}\n")
