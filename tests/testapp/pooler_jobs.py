@@ -14,3 +14,10 @@ def pooled_record(token: str, log: str) -> int:
     with open(log, "a") as f:
         f.write(token + "\n")
     return int(pid)
+
+
+@background_job(concurrency=2, concurrency_key=lambda token, **_: token[-1])
+def limited_record(token: str, log: str) -> None:
+    """Append token to a file; at most two at once per last digit of the token (ten keys)."""
+    with open(log, "a") as f:
+        f.write(token + "\n")
