@@ -32,20 +32,23 @@ import psycopg.sql
 # only the primary key to find them by. With one, a generic plan made while the
 # statistics said nothing was queued walked the whole ready index for the ids.
 # RETURNING comes in no particular order: the worker sorts by priority and run_at.
-CLAIM = """
-UPDATE axa_queue q
+# What a claim writes and returns, shared with the limited claim (sqlflow.py).
+CLAIMED = """
 SET status = 'running', updated_at = now(),
     started_at = CASE WHEN NOT %(ahead)s OR q.errors <> '[]'::jsonb THEN now() END,
     attempts = LEAST(q.attempts, 2147483646) + 1, worker_id = %(worker)s, cancel_requested = false,
-    run_at = CASE WHEN q.run_at = '-infinity' THEN now() ELSE q.run_at END
-WHERE q.id = ANY(ARRAY(
-    SELECT c.id FROM ({walks}) AS c
-    ORDER BY c.priority DESC, c.run_at
-    LIMIT %(limit)s
-))
+    run_at = CASE WHEN q.run_at = '-infinity' THEN now() ELSE q.run_at END"""
+CLAIM_RETURNING = """
 RETURNING q.id, q.name, q.args::text, q.attempts, q.max_attempts, q.backend, q.started_at IS NULL,
     q.priority, q.run_at, set_config('synchronous_commit', 'off', true), q.timeout, now()
 """
+CLAIM = f"""
+UPDATE axa_queue q{CLAIMED}
+WHERE q.id = ANY(ARRAY(
+    SELECT c.id FROM ({{walks}}) AS c
+    ORDER BY c.priority DESC, c.run_at
+    LIMIT %(limit)s
+)){CLAIM_RETURNING}"""
 _NAME_WALK = """
     SELECT c.id, c.priority, c.run_at FROM unnest({names}::text[]) AS n(name)
     CROSS JOIN LATERAL (

@@ -7,6 +7,8 @@ between starts), numbers only, by workerflow.py before that.
 
 from __future__ import annotations
 
+from .sql import CLAIM_RETURNING, CLAIMED
+
 # Jobs with a concurrency limit are claimed apart, so that jobs without one keep the
 # CLAIM of sql.py unchanged. Two statements in one transaction, sent as one pipeline (one
 # round trip; workerflow.py):
@@ -93,11 +95,7 @@ SELECT set_config('axa.picked', COALESCE((SELECT jsonb_agg(to_jsonb(picked)) FRO
 # LIMITED_PICK holds them locked. Joined instead, a generic plan made while the
 # statistics said nothing was queued walked every queued row against the picked ones.
 CLAIM_LIMITED = f"""
-UPDATE axa_queue q
-SET status = 'running', updated_at = now(),
-    started_at = CASE WHEN NOT %(ahead)s OR q.errors <> '[]'::jsonb THEN now() END,
-    attempts = LEAST(q.attempts, 2147483646) + 1, worker_id = %(worker)s, cancel_requested = false,
-    run_at = CASE WHEN q.run_at = '-infinity' THEN now() ELSE q.run_at END
+UPDATE axa_queue q{CLAIMED}
 WHERE q.id = ANY(ARRAY(
     SELECT id FROM (
         SELECT p.id, p.cap - {_BUSY.format(key="p.key", name="p.name")} AS free,
@@ -106,10 +104,7 @@ WHERE q.id = ANY(ARRAY(
             AS p(id uuid, name text, key text, cap int, priority int, run_at timestamptz)
     ) AS ranked
     WHERE rank <= free
-))
-RETURNING q.id, q.name, q.args::text, q.attempts, q.max_attempts, q.backend, q.started_at IS NULL,
-    q.priority, q.run_at, set_config('synchronous_commit', 'off', true), q.timeout, now()
-"""
+)){CLAIM_RETURNING}"""
 
 # Jobs with a rate limit (at most N starts per period and key, across the fleet): the
 # same pair walk and try-lock over rate_key, then one statement that claims at most one

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,7 +43,7 @@ def main() -> None:
 
     call_command("migrate", verbosity=0)
     from benchmarks.benchapp import jobs
-    from benchmarks.common import sql
+    from benchmarks.common import sql, start_workers, wait
 
     kinds = {"none": jobs.work, "concurrency=1": jobs.work_one_per_key, "concurrency=3": jobs.work_three_per_key}
     limits = {"none": None, "concurrency=1": 1, "concurrency=3": 3}
@@ -117,28 +116,6 @@ def most_at_once(spans: list[tuple[str, float, float]]) -> int:
             running += step
             peak = max(peak, running)
     return peak
-
-
-def start_workers(count: int, threads: int) -> list[subprocess.Popen[bytes]]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return [
-        subprocess.Popen(
-            [sys.executable, "-m", "django", "runworker", "--concurrency", str(threads)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for _ in range(count)
-    ]
-
-
-def wait(condition, timeout: float = 600.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise SystemExit("timed out")
-        time.sleep(0.005)
 
 
 if __name__ == "__main__":

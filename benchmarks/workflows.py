@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ def main() -> None:
 
     call_command("migrate", verbosity=0)
     from benchmarks.benchapp.jobs import noop
-    from benchmarks.common import sql
+    from benchmarks.common import sql, start_workers, wait
 
     n = args.jobs
 
@@ -118,28 +117,6 @@ def claim_ms(reps: int = 200) -> float:
             timings.append((time.perf_counter() - start) * 1000)
             conn.rollback()
     return statistics.median(timings)
-
-
-def start_workers(count: int, threads: int) -> list[subprocess.Popen[bytes]]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return [
-        subprocess.Popen(
-            [sys.executable, "-m", "django", "runworker", "--concurrency", str(threads)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for _ in range(count)
-    ]
-
-
-def wait(condition, timeout: float = 600.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise SystemExit("timed out")
-        time.sleep(0.01)
 
 
 if __name__ == "__main__":
