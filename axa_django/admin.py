@@ -21,6 +21,7 @@ from django.views.decorators.cache import never_cache
 from . import admin_queues, dashboard, fleetstats, unhandled, views
 from .admin_actions import JobActions, breadcrumbs, cancellable, job_id
 from .admin_display import (
+    JobPermissions,
     error_line,
     format_duration,
     format_time,
@@ -51,7 +52,7 @@ TIME_FIELDS = ("created_full", "run_at_full", "started_full", "finished_full", "
 
 
 @admin.register(Job)
-class JobAdmin(JobWorkflowFields, JobActions):
+class JobAdmin(JobPermissions, JobWorkflowFields, JobActions):
     """All jobs: list, read-only detail, retry, cancel and delete, each behind its permission."""
 
     change_list_template = "admin/axa_django/job/change_list.html"
@@ -103,22 +104,7 @@ class JobAdmin(JobWorkflowFields, JobActions):
         *JobWorkflowFields.workflow_fields,
     )
 
-    # Permissions: always Job's, also when this admin serves a proxy model.
-
-    def _has(self, request: HttpRequest, action: str) -> bool:
-        return request.user.has_perm(f"{Job._meta.app_label}.{action}_{Job._meta.model_name}")
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return self._has(request, "view") or self._has(request, "change")
-
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return self.has_view_permission(request)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False  # jobs are enqueued by code
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # the detail page is read-only; state changes go through retry and cancel
+    # Permissions: always Job's (JobPermissions), also when this admin serves a proxy model.
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return self._has(request, "delete")

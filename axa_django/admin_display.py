@@ -6,6 +6,7 @@ import datetime
 import json
 from typing import Any
 
+from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
@@ -122,3 +123,22 @@ def thousands(value: int) -> str:
 def yes_no(value: bool) -> str:
     """A boolean as a plain word, so "no" does not read as an error."""
     return "yes" if value else "no"
+
+
+class JobPermissions:
+    """A read-only admin governed by Job's permissions (also when it serves a proxy or another model)."""
+
+    def _has(self, request: HttpRequest, action: str) -> bool:
+        return request.user.has_perm(f"{Job._meta.app_label}.{action}_{Job._meta.model_name}")
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._has(request, "view") or self._has(request, "change")
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # jobs are enqueued by code
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # read-only; state changes go through the actions (retry, cancel)

@@ -12,7 +12,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from .admin_display import status_badge, thousands
+from .admin_display import JobPermissions, status_badge, thousands
 from .models import Dependency, Job, Workflow
 
 # Links shown per list of parents or children; a fan-in of 10,000 parents shows these and a count.
@@ -84,7 +84,7 @@ class JobWorkflowFields:
 
 
 @admin.register(Workflow)
-class WorkflowAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class WorkflowAdmin(JobPermissions, admin.ModelAdmin):  # type: ignore[type-arg]
     """Workflows and batches: each with its jobs counted by status, linked to the job list."""
 
     list_display = ("short_id", "name", "kind", "created_at", "counts_line")
@@ -96,22 +96,6 @@ class WorkflowAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     actions = ("cancel_selected",)
     fields = ("id", "kind", "name", "created_at", "counts_shown")
     readonly_fields = fields
-
-    def _has(self, request: HttpRequest, action: str) -> bool:
-        # Governed by Job's permissions, as the rest of the queue's admin.
-        return request.user.has_perm(f"{Job._meta.app_label}.{action}_{Job._meta.model_name}")
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return self._has(request, "view") or self._has(request, "change")
-
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return self.has_view_permission(request)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # deleting the group would orphan its jobs' link; prune the jobs instead
