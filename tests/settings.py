@@ -29,7 +29,8 @@ DATABASE_ROUTERS = ["tests.routers.PostgresOnly"]
 
 SECRET_KEY = "tests"
 # Test users' passwords need no strength: the default hasher costs half a second a user.
-PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# The default stays second, to check passwords the example project set (test_example).
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher", "django.contrib.auth.hashers.PBKDF2PasswordHasher"]
 DEBUG = False
 USE_TZ = os.environ.get("AXA_TEST_USE_TZ", "1") == "1"
 TIME_ZONE = os.environ.get("AXA_TEST_TIME_ZONE", "UTC")

@@ -68,6 +68,7 @@ ORDER = [
     "admin_workflows",
     "admin",
     "management",
+    "management.argtypes",
     "management.commands",
     "management.commands.jobhealth",
     "management.commands.listjobs",

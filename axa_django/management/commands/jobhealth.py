@@ -12,27 +12,12 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from axa_django import health
+from axa_django.management.argtypes import seconds, whole
 from axa_django.selection import check_queue
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of workers, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _workers(text: str) -> int:
+    return whole(text, 1, "workers")
 
 
 def _queue(text: str) -> str:
@@ -51,10 +36,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
-            "--max-ready-age", type=_seconds, default=None, help="unhealthy if a ready job has waited longer (seconds)"
+            "--max-ready-age", type=seconds, default=None, help="unhealthy if a ready job has waited longer (seconds)"
         )
         parser.add_argument(
-            "--require-workers", type=_count, default=None, help="unhealthy with fewer live workers than this"
+            "--require-workers", type=_workers, default=None, help="unhealthy with fewer live workers than this"
         )
         parser.add_argument(
             "--queue", action="append", dest="queues", type=_queue, help="judge only this queue (repeatable)"

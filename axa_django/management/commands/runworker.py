@@ -12,42 +12,26 @@ from django.core.management.base import BaseCommand, CommandError
 from axa_django.budget import start_line
 from axa_django.health import check_health_file
 from axa_django.logs import configure_for_command
+from axa_django.management.argtypes import seconds, whole
 from axa_django.pools import Pools, split
 from axa_django.selection import check_queue
 from axa_django.worker import CannotConnect, NotMigrated, PoolerMisconfigured, UnknownJobs, Worker
 
 
-def _whole(text: str, least: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < least:
-        bound = "at least 1" if least == 1 else f"{least} or more"
-        raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
-    return value
-
-
 def _positive_int(text: str) -> int:
-    return _whole(text, 1)
+    return whole(text, 1)
 
 
 def _count(text: str) -> int:
-    return _whole(text, 0)
+    return whole(text, 0)
 
 
-def _seconds(text: str, allow_zero: bool = False) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not (value >= 0 if allow_zero else value > 0) or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a {'' if allow_zero else 'positive '}number of seconds, got {text}")
-    return value
+def _seconds(text: str) -> float:
+    return seconds(text)
 
 
 def _grace(text: str) -> float:
-    return _seconds(text, allow_zero=True)
+    return seconds(text, allow_zero=True)
 
 
 def _health_file(text: str) -> str:
