@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shutil
 import signal
@@ -173,6 +175,7 @@ def test_demo_serves_the_site_and_stops_on_ctrl_c(workers, tmp_path):
             env=example_env(workers),
             stdout=out,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own group, so that a failed check can stop its children too
         )
     workers.procs.append(demo)  # killed at teardown if a check below fails
 
@@ -197,9 +200,11 @@ def test_demo_serves_the_site_and_stops_on_ctrl_c(workers, tmp_path):
 
         demo.send_signal(signal.SIGINT)
         assert demo.wait(timeout=60) == 0, log.read_text()
-    finally:
-        if demo.poll() is None:
-            demo.kill()
+    except BaseException:
+        # Its worker and web server would otherwise live on, and take later tests' jobs.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(demo.pid, signal.SIGKILL)
+        raise
     text = log.read_text()
     assert re.search(r"worker \S+ stopped after \d+ attempts?", text), text
     assert "demo: stopped" in text
