@@ -286,6 +286,8 @@ class Worker(Connections, Loops, FlowLoops):
             backlog = self._backlog = len(jobs) == room
             for job in jobs:
                 self._work.put(job)
+            if not jobs:
+                self._stir()  # idle: the next claim tries every kind again
             if len(jobs) < room:
                 if self.burst and not jobs:
                     if settled and self._token_due is None:
@@ -403,13 +405,13 @@ class Worker(Connections, Loops, FlowLoops):
         free = max(0, self.concurrency - (len(self._in_flight) - self._work.qsize()))
         rows = self._claim_limited(names, limit, free, ahead)
         fast = [name for name in names if name not in self._limited_names(names)]
-        if len(rows) < limit and (fast or self.backends):
+        if len(rows) < limit and (fast or self.backends) and self._due("plain"):
+            stirs = self._stirs
             params = {"worker": self.id, "limit": limit - len(rows), "ahead": ahead}
             more = self._execute(self._composed(sql.CLAIM, fast), params)
             if more is None and not rows:
                 return None
-            more = more or []
-            rows += more
+            rows += self._quieted("plain", more or [], stirs) if self._limited_names(names) else more or []
         rows.sort(key=lambda row: (-row[7], row[8]))  # the claims' own order: threads take the best first
         jobs = [
             Claimed(job_id, name, None, attempt, max_attempts, backend, args_json=args, unmarked=unmarked)

@@ -238,6 +238,8 @@ class Loops:
                         continue
                     if note.channel == housekeeping.CANCEL_CHANNEL:
                         housekeeping.relay_cancel(self._lock, self._in_flight, note.payload)
+                    else:
+                        self._stir()  # rows enqueued, or slots freed on another worker
                     self._wake.set()
             except (psycopg.OperationalError, psycopg.InterfaceError) as error:
                 logger.warning("listener lost the database (%s); reconnecting in %.1fs", error, delay)

@@ -36,14 +36,15 @@ def main() -> None:
     log = Path(tempfile.mkdtemp(prefix="axa-flow-")) / "log"
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
     os.environ["BENCH_FLOW_LOG"] = str(log)
+    os.environ["BENCH_FLOW"] = "1"  # installs benchmarks.flowapp, here and in the workers
     import django
 
     django.setup()
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    from benchmarks.benchapp import jobs
     from benchmarks.common import sql, start_workers, wait
+    from benchmarks.flowapp import jobs
 
     kinds = {"none": jobs.work, "concurrency=1": jobs.work_one_per_key, "concurrency=3": jobs.work_three_per_key}
     limits = {"none": None, "concurrency=1": 1, "concurrency=3": 3}

@@ -1,5 +1,6 @@
 """Settings for the benchmarks: DATABASE_URL, or an embedded PostgreSQL under benchmarks/.data."""
 
+import os
 from pathlib import Path
 
 from axa_django.devdb import database
@@ -9,5 +10,7 @@ DATABASES["default"]["CONN_MAX_AGE"] = None
 SECRET_KEY = "benchmarks"
 USE_TZ = True
 INSTALLED_APPS = ["axa_django", "benchmarks.benchapp"]
+if os.environ.get("BENCH_FLOW") == "1":
+    INSTALLED_APPS.append("benchmarks.flowapp")  # benchmarks/flow.py: jobs with concurrency limits
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AXA_DJANGO = {"POLL_INTERVAL": 1.0}

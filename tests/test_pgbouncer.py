@@ -80,7 +80,7 @@ def test_transaction_pool_with_transaction_pooling_runs_2000_jobs_exactly_once(
 def test_transaction_pool_runs_jobs_with_a_concurrency_limit_exactly_once(
     pgbouncer: Start, workers: Workers, log_file: str
 ) -> None:
-    # The limited claim is a pipeline of BEGIN, walk, claim and COMMIT, passing the walk's
+    # The limited claim is a pipeline of walk and claim in one implicit transaction, passing the walk's
     # rows on in a transaction-local setting: all within one pooled transaction.
     drain(pgbouncer("transaction"), workers, pooler_jobs.limited_record, log_file, 500, AXA_TEST_POOLING="1")
 
