@@ -8,6 +8,7 @@ import signal
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -149,6 +150,34 @@ def test_jobs_without_limits_take_the_plain_claim() -> None:
     worker = Worker(install_signals=False)
     limits, steps = worker._keyed(worker.handler_names())
     assert limits[flow_jobs.one_per_account.name] == 1 and steps[flow_jobs.five_per_second.name] == 0.2
+
+
+class CountingWorker(Worker):
+    """Counts its claims, and the limited claims among them (instrumentation of our code; the database is real)."""
+
+    claims = 0
+    limited: Counter[str]
+
+    def _claim(self, *args: Any, **kwargs: Any) -> Any:
+        self.claims += 1
+        return super()._claim(*args, **kwargs)
+
+    def _claim_pairs(self, kind: str, *args: Any) -> Any:
+        self.limited[kind] += 1
+        return super()._claim_pairs(kind, *args)
+
+
+def test_a_kind_of_claim_that_came_back_empty_is_not_tried_before_every_claim_of_the_others(tmp_path) -> None:
+    # Limited jobs are registered (flow_jobs) and one is queued among 400 others: once it
+    # is claimed, draining the others must not pay a limited claim's round trip each time.
+    flow_jobs.unlimited.perform_later_many([{"token": f"u{i}", "seconds": 0.002} for i in range(400)])
+    flow_jobs.one_per_account.perform_later(1, "late", str(tmp_path / "log"))
+    worker = CountingWorker(burst=True, install_signals=False, concurrency=2)
+    worker.limited = Counter()
+    assert worker.run() == 0
+    assert worker.claims > 20, worker.claims
+    assert worker.limited["concurrency"] <= worker.claims // 4, (worker.limited, worker.claims)
+    assert Job.objects.filter(status="completed").count() == 401
 
 
 def _fleet(workers, log: Path, count: int) -> float:
