@@ -21,6 +21,10 @@ from tests.pgbouncer import PgBouncer
 from tests.pgbouncer import available as pgbouncer_missing
 
 ROOT = Path(__file__).resolve().parent.parent
+# For transactional tests that touch only the queue's tables: Django's flush after each
+# then truncates those alone and skips re-creating permissions (measured: 180 -> 60 ms a
+# test on PostgreSQL 15). A test of the admin or of users needs the full set.
+AXA_APPS = ["axa_django", "tests.testapp"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

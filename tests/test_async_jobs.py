@@ -5,9 +5,10 @@ from asgiref.sync import async_to_sync
 
 from axa_django import Job
 from axa_django.worker import Worker
+from tests.conftest import AXA_APPS
 from tests.testapp import jobs
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
 
 def burst(concurrency: int) -> Worker:

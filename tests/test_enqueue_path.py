@@ -6,9 +6,10 @@ from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
 
 from axa_django import Job
+from tests.conftest import AXA_APPS
 from tests.testapp import jobs
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
 
 def test_an_enqueue_shows_in_djangos_query_capture():

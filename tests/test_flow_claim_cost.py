@@ -18,9 +18,10 @@ from django.db import connection
 
 from axa_django import queues, sql
 from axa_django.worker import Worker, connect
+from tests.conftest import AXA_APPS
 from tests.testapp import flow_jobs
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
 # AXA_CLAIM_COST_SCALE=5 builds the 1,000,000 finished and 100,000 ready rows.
 SCALE = int(os.environ.get("AXA_CLAIM_COST_SCALE", "1"))

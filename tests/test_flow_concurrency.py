@@ -16,10 +16,10 @@ from django.utils import timezone
 
 from axa_django import Job, background_job
 from axa_django.worker import Worker
-from tests.conftest import wait_for
+from tests.conftest import AXA_APPS, wait_for
 from tests.testapp import flow_jobs
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
 
 def burst(**options: object) -> Worker:

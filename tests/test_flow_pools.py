@@ -8,10 +8,10 @@ import pytest
 
 from axa_django.models import Job, Worker
 from axa_django.pools import split
-from tests.conftest import wait_for
+from tests.conftest import AXA_APPS, wait_for
 from tests.testapp import flow_jobs
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
 
 def done(jobs: list[Job]) -> int:

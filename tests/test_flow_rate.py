@@ -12,10 +12,10 @@ from axa_django import Job, background_job
 from axa_django.flow import Rate, parse_rate
 from axa_django.models import RateBucket
 from axa_django.worker import Worker
-from tests.conftest import wait_for
+from tests.conftest import AXA_APPS, wait_for
 from tests.testapp import flow_jobs
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
 
 def starts(log: Path) -> dict[str, list[float]]:

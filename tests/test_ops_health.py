@@ -11,10 +11,10 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from axa_django import Job
-from tests.conftest import ROOT, wait_for
+from tests.conftest import AXA_APPS, ROOT, wait_for
 from tests.testapp import ops_jobs
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
 
 def jobhealth(*args: str) -> tuple[int, str]:

@@ -9,10 +9,10 @@ import pytest
 from django.db import connection
 
 from axa_django import tracing
-from tests.conftest import ROOT
+from tests.conftest import AXA_APPS, ROOT
 from tests.testapp import ops_jobs
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
 HAS_API = importlib.util.find_spec("opentelemetry") is not None
 needs_sdk = pytest.mark.skipif(

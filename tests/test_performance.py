@@ -8,10 +8,10 @@ from django.db import connection, transaction
 
 from axa_django import Job, sql
 from axa_django.worker import Worker, connect
-from tests.conftest import wait_for
+from tests.conftest import AXA_APPS, wait_for
 from tests.testapp import flow_jobs, jobs
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
 
 def explain(query: str, params: dict) -> str:

@@ -19,11 +19,11 @@ import pytest
 from django.db import connection
 
 from axa_django import Job
-from tests.conftest import Workers, wait_for
+from tests.conftest import AXA_APPS, Workers, wait_for
 from tests.pgbouncer import POOL_SIZE, PgBouncer
 from tests.testapp import jobs, pooler_jobs
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
 Start = Callable[[str], PgBouncer]
 

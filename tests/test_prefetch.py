@@ -11,10 +11,10 @@ from django.db import connection
 
 from axa_django import Job, JobContext, sql
 from axa_django.worker import Claimed, Worker
-from tests.conftest import wait_for
+from tests.conftest import AXA_APPS, wait_for
 from tests.testapp import prefetch_jobs
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
 
 def runs(log: str) -> tuple[Counter[str], list[int]]:

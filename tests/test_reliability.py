@@ -13,10 +13,10 @@ from django.db import OperationalError, connections
 from axa_django import Job, conf
 from axa_django.execution import Outcome, finish
 from axa_django.worker import connect
-from tests.conftest import restart_postgres, wait_for
+from tests.conftest import AXA_APPS, restart_postgres, wait_for
 from tests.testapp import jobs
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
 
 def lease() -> float:

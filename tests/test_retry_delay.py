@@ -7,9 +7,10 @@ import pytest
 from django.utils import timezone
 
 from axa_django import Job
+from tests.conftest import AXA_APPS
 from tests.testapp import prefetch_jobs
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
 
 def test_an_infinite_backoff_queues_the_retry_far_ahead_and_the_worker_lives(workers):

@@ -8,7 +8,7 @@ from django.db import connection
 
 from axa_django import Job
 from axa_django.worker import connect
-from tests.conftest import ROOT
+from tests.conftest import AXA_APPS, ROOT
 
 # The wire contract with axa's queue module (shared/seed/axa_queue.rs), byte for byte.
 ENQUEUE = "INSERT INTO axa_queue (id, name, args) VALUES ($1, $2, $3)"
@@ -29,7 +29,7 @@ REQUEUE_STALE = """UPDATE axa_queue
 
 SEED = ROOT.parent / "shared" / "seed" / "axa_queue.rs"
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
 
 def seed_statement(source: str, name: str) -> str:

@@ -10,10 +10,10 @@ from django.db import connection
 
 from axa_django import Job, enqueue
 from axa_django.worker import Worker
-from tests.conftest import wait_for
+from tests.conftest import AXA_APPS, wait_for
 from tests.testapp import jobs
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
 
 def burst(**options):

@@ -19,10 +19,10 @@ from axa_django import sql, unhandled
 from axa_django.selection import UnknownJobs
 from axa_django.unhandled import Unhandled
 from axa_django.worker import Worker
-from tests.conftest import Workers, database_url, wait_for
+from tests.conftest import AXA_APPS, Workers, database_url, wait_for
 from tests.testapp import jobs, workermistakes_jobs
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
 
 def insert(name: str, count: int = 1, *, queue: str = "default", backend: str | None = None, later: bool = False):

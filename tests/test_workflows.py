@@ -12,10 +12,10 @@ from axa_django import Job, batch, dependencies, sql, workflow
 from axa_django.execution import Outcome, finish
 from axa_django.models import Dependency, Workflow
 from axa_django.workerdb import connect
-from tests.conftest import wait_for
+from tests.conftest import AXA_APPS, wait_for
 from tests.testapp import workflow_jobs as wj
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
 
 def lines(path) -> list[str]:

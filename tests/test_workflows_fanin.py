@@ -6,11 +6,11 @@ import pytest
 from django.db import connection
 
 from axa_django import Job
-from tests.conftest import wait_for
+from tests.conftest import AXA_APPS, wait_for
 from tests.test_workflows import lines
 from tests.testapp import workflow_jobs as wj
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
 CHILDREN = 10_000
 
