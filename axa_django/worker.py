@@ -279,6 +279,7 @@ class Worker(Connections, Loops, FlowLoops):
             settled = not self._in_flight and not self._unwritten
             self._wake.clear()
             free = self.concurrency - (len(self._in_flight) - self._work.qsize())
+            tried_all = not self._quiet  # a kind that came back empty lately is skipped (workerflow.py)
             jobs = self._claim(names, room, ahead=room > free)
             if jobs is None:  # database trouble: already logged and backed off
                 continue
@@ -288,6 +289,8 @@ class Worker(Connections, Loops, FlowLoops):
                 self._work.put(job)
             if not jobs:
                 self._stir()  # idle: the next claim tries every kind again
+                if not tried_all:
+                    continue  # at once: a burst worker must not stop, nor any worker wait, on a skipped kind
             if len(jobs) < room:
                 if self.burst and not jobs:
                     if settled and self._token_due is None:
