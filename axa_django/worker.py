@@ -407,14 +407,15 @@ class Worker(Connections, Loops, FlowLoops):
         # Jobs with a concurrency or rate limit first (workerflow.py), then the others as ever.
         free = max(0, self.concurrency - (len(self._in_flight) - self._work.qsize()))
         rows = self._claim_limited(names, limit, free, ahead)
-        fast = [name for name in names if name not in self._limited_names(names)]
+        limited = self._limited_names(names)
+        fast = [name for name in names if name not in limited]
         if len(rows) < limit and (fast or self.backends) and self._due("plain"):
             stirs = self._stirs
             params = {"worker": self.id, "limit": limit - len(rows), "ahead": ahead}
             more = self._execute(self._composed(sql.CLAIM, fast), params)
             if more is None and not rows:
                 return None
-            rows += self._quieted("plain", more or [], stirs) if self._limited_names(names) else more or []
+            rows += self._quieted("plain", more or [], stirs) if limited else more or []
         rows.sort(key=lambda row: (-row[7], row[8]))  # the claims' own order: threads take the best first
         jobs = [
             Claimed(job_id, name, None, attempt, max_attempts, backend, args_json=args, unmarked=unmarked)
