@@ -38,7 +38,7 @@ from django.utils.module_loading import import_string
 
 # Only light modules at import time: Django may build this backend while apps load
 # (``@task`` in a models module), before axa_django's models can be imported.
-from . import conf
+from . import conf, tracing
 from .arguments import MAX_DEPTH, check_json, task_arguments_of
 from .checks import other_vendor
 
@@ -116,7 +116,10 @@ class QueueBackend(BaseTaskBackend):
             raise InvalidTask(f"Task path is longer than {MAX_NAME_LENGTH} characters: {task.module_path!r}")
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
-        """Write a row in the caller's transaction and return its READY result."""
+        """Write a row in the caller's transaction and return its READY result.
+
+        When tracing, the row carries the enqueuing trace context, as for ``perform_later``.
+        """
         from . import rows
 
         self.validate_task(task)
@@ -128,7 +131,7 @@ class QueueBackend(BaseTaskBackend):
             max_attempts=self.max_attempts,
             backend=self.alias,
         ).checked()
-        job = rows.write(task.module_path, stored, options, None)
+        job = tracing.enqueued(task.module_path, rows.write, task.module_path, stored, options, None)
         result = self._result(job, task)
         task_enqueued.send(type(self), task_result=result)
         return result

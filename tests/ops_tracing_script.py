@@ -2,7 +2,8 @@
 
 Sets up the OpenTelemetry SDK with its in-memory exporter, enqueues under a "request"
 span, drains the queue with a real Worker (its threads, its connections), and prints
-the finished spans and the rows' trace_context as JSON.
+the finished spans and the rows' trace_context as JSON. With the argument ``tasks``
+(Django >= 6.0) it enqueues django.tasks tasks through QueueBackend instead.
 """
 
 import json
@@ -12,6 +13,7 @@ import django
 
 django.setup()
 
+from asgiref.sync import async_to_sync  # noqa: E402
 from django.db import connection  # noqa: E402
 from opentelemetry import trace  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
@@ -27,21 +29,41 @@ provider = TracerProvider()
 provider.add_span_processor(SimpleSpanProcessor(exporter))
 trace.set_tracer_provider(provider)
 
-ids = {}
-with trace.get_tracer("web").start_as_current_span("GET /signup"):
-    ids["ok"] = str(ops_jobs.nap.using(queue="mail").perform_later(0).id)
-    ids["boom"] = str(ops_jobs.boom.perform_later().id)
-    ids["many"] = [str(job.id) for job in ops_jobs.nap.perform_later_many([{"seconds": 0}, {"seconds": 0}])]
-ids["outside"] = str(enqueue("ops.sleep", seconds=0).id)
+
+def jobs() -> dict:
+    ids = {}
+    with trace.get_tracer("web").start_as_current_span("GET /signup"):
+        ids["ok"] = str(ops_jobs.nap.using(queue="mail").perform_later(0).id)
+        ids["boom"] = str(ops_jobs.boom.perform_later().id)
+        ids["many"] = [str(job.id) for job in ops_jobs.nap.perform_later_many([{"seconds": 0}, {"seconds": 0}])]
+    ids["outside"] = str(enqueue("ops.sleep", seconds=0).id)
+    with connection.cursor() as cursor:
+        # Rows by other producers: context that is not a carrier must not stop the job.
+        for odd in ('"garbage"', '{"traceparent": 5}', '{"traceparent": "00-zz-yy-01"}'):
+            cursor.execute(
+                "INSERT INTO axa_queue (id, name, args, trace_context) "
+                "VALUES (gen_random_uuid(), 'ops.sleep', '{}', %s::jsonb) RETURNING id",
+                [odd],
+            )
+            ids.setdefault("odd", []).append(str(cursor.fetchone()[0]))
+    return ids
+
+
+def tasks() -> dict:
+    from tests.testapp import tasks  # django.tasks: Django >= 6.0 only
+
+    ids = {}
+    with trace.get_tracer("web").start_as_current_span("GET /signup"):
+        ids["add"] = tasks.add.enqueue(2, 3).id
+        ids["async"] = async_to_sync(tasks.add.aenqueue)(4, 5).id
+        ids["fail"] = tasks.fail.using(backend="retrying").enqueue("boom on purpose").id  # 3 attempts
+        ids["job"] = str(ops_jobs.nap.perform_later(0).id)  # a background job of the same request, to compare
+    ids["outside"] = tasks.add.enqueue(1).id
+    return ids
+
+
+ids = tasks() if sys.argv[1:] == ["tasks"] else jobs()
 with connection.cursor() as cursor:
-    # Rows by other producers: context that is not a carrier must not stop the job.
-    for odd in ('"garbage"', '{"traceparent": 5}', '{"traceparent": "00-zz-yy-01"}'):
-        cursor.execute(
-            "INSERT INTO axa_queue (id, name, args, trace_context) VALUES (gen_random_uuid(), 'ops.sleep', '{}', %s::jsonb) "
-            "RETURNING id",
-            [odd],
-        )
-        ids.setdefault("odd", []).append(str(cursor.fetchone()[0]))
     cursor.execute("SELECT id::text, trace_context::text FROM axa_queue")
     stored = dict(cursor.fetchall())
 code = Worker(concurrency=2, burst=True, install_signals=False).run()

@@ -21,10 +21,15 @@ needs_sdk = pytest.mark.skipif(
 )
 
 
-@needs_sdk
-def test_a_request_trace_shows_the_jobs_it_caused(workers):
+needs_tasks = pytest.mark.skipif(
+    importlib.util.find_spec("django.tasks") is None, reason="django.tasks (and QueueBackend) need Django >= 6.0"
+)
+
+
+def traced_run(workers, *args: str) -> dict:
+    """Run tests/ops_tracing_script.py with ``args``; its JSON output."""
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.ops_tracing_script"],  # from ROOT, as a module: tests is importable
+        [sys.executable, "-m", "tests.ops_tracing_script", *args],  # from ROOT, as a module: tests is importable
         cwd=ROOT,
         env=workers.env(),
         capture_output=True,
@@ -34,6 +39,12 @@ def test_a_request_trace_shows_the_jobs_it_caused(workers):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["code"] == 0
+    return out
+
+
+@needs_sdk
+def test_a_request_trace_shows_the_jobs_it_caused(workers):
+    out = traced_run(workers)
     spans = out["spans"]
     (request,) = [s for s in spans if s["name"] == "GET /signup"]
     runs = {s["attributes"]["axa_django.job.id"]: s for s in spans if s["kind"] == "CONSUMER"}
@@ -70,6 +81,47 @@ def test_a_request_trace_shows_the_jobs_it_caused(workers):
     for job_id in out["ids"]["odd"]:
         assert out["statuses"][job_id] == "completed" and runs[job_id]["parent"] is None and runs[job_id]["links"] == []
     assert set(out["statuses"].values()) == {"completed", "failed"}
+
+
+@needs_sdk
+@needs_tasks
+def test_a_request_trace_shows_the_tasks_it_caused_as_it_does_jobs(workers):
+    out = traced_run(workers, "tasks")
+    spans = out["spans"]
+    (request,) = [s for s in spans if s["name"] == "GET /signup"]
+    enqueues = {s["span_id"]: s for s in spans if s["kind"] == "PRODUCER"}
+    runs: dict[str, list[dict]] = {}
+    for s in spans:
+        if s["kind"] == "CONSUMER":
+            runs.setdefault(s["attributes"]["axa_django.job.id"], []).append(s)
+    ids = out["ids"]
+    # Each task, enqueue() or aenqueue(), runs (every attempt) in a child of its enqueue
+    # span, itself a child of the request's span: as the background job beside them does.
+    for key, attempts in (("add", 1), ("async", 1), ("fail", 3), ("job", 1)):
+        job_id = ids[key]
+        assert out["stored"][job_id] is not None, f"{key}: no trace context on the row"
+        assert json.loads(out["stored"][job_id])["traceparent"].split("-")[1] == request["trace_id"]
+        assert len(runs[job_id]) == attempts, key
+        (parent,) = {run["parent"] for run in runs[job_id]}
+        enqueue = enqueues[parent]
+        assert enqueue["parent"] == request["span_id"] and enqueue["trace_id"] == request["trace_id"], key
+        assert enqueue["attributes"]["axa_django.job.id"] == job_id, key
+        for run in runs[job_id]:
+            assert run["trace_id"] == request["trace_id"] and run["links"] == [parent], key
+    add = runs[ids["add"]][0]
+    assert add["name"] == "run tests.testapp.tasks.add" and add["attributes"]["axa_django.job.outcome"] == "completed"
+    assert enqueues[add["parent"]]["name"] == "enqueue tests.testapp.tasks.add"
+    assert [run["status"] for run in runs[ids["fail"]]] == ["ERROR"] * 3
+    # Enqueued outside any span: the enqueue span is a root, the task still joins its trace.
+    (outside,) = runs[ids["outside"]]
+    assert enqueues[outside["parent"]]["parent"] is None and outside["trace_id"] != request["trace_id"]
+    assert out["statuses"] == {
+        ids["add"]: "completed",
+        ids["async"]: "completed",
+        ids["fail"]: "failed",
+        ids["job"]: "completed",
+        ids["outside"]: "completed",
+    }
 
 
 def test_without_a_tracer_provider_nothing_is_written_or_read(django_assert_num_queries):
