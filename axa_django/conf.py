@@ -29,6 +29,9 @@ DEFAULTS: dict[str, Any] = {
     "LEASE_SECONDS": 30.0,
     # Attempts a job gets unless its decorator or the call says otherwise.
     "MAX_ATTEMPTS": 1,
+    # Times a job's worker may die under it (SIGKILL, OOM, lost lease) before the job
+    # fails; losses are counted apart from attempts.
+    "MAX_LOSSES": 3,
     # Largest encoded args object accepted at enqueue, in bytes.
     "MAX_ARGS_BYTES": 1_000_000,
     # LISTEN/NOTIFY wake-ups; turn off behind PgBouncer in transaction mode.
@@ -63,6 +66,7 @@ RULES: dict[str, tuple[Any, str]] = {
     "STALE_MINUTES": (_positive_int, "a positive whole number of minutes"),
     "LEASE_SECONDS": (_positive_number, "a positive number of seconds"),
     "MAX_ATTEMPTS": (_positive_int, "a positive whole number"),
+    "MAX_LOSSES": (_positive_int, "a positive whole number"),
     "MAX_ARGS_BYTES": (_positive_int, "a positive whole number of bytes"),
     "NOTIFY": (lambda v: isinstance(v, bool), "True or False"),
     "TRANSACTION_POOLING": (lambda v: isinstance(v, bool), "True or False"),

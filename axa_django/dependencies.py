@@ -98,7 +98,7 @@ _ENDED = """ended AS (
 assert _ENDED in SETTLE
 
 # SETTLE for every ended job whose edges were not counted: a parent ended by the seed's
-# FINISH (a Rust worker), failed by RESCUE (no attempts left) or by FAIL_NEVER_DUE. A
+# FINISH (a Rust worker), failed by RESCUE (max_losses reached) or by FAIL_NEVER_DUE. A
 # loose scan of the index of uncounted edges finds each such parent in one descent.
 SWEEP = SETTLE.replace(
     _ENDED,

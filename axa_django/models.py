@@ -197,6 +197,10 @@ class Job(models.Model):
     priority = models.IntegerField(db_default=0)
     attempts = models.IntegerField(db_default=0)
     max_attempts = models.IntegerField(null=True, blank=True)
+    # Times a worker died while running the job (apart from attempts: a loss is not the
+    # job's own error), and how many it may take before it fails (None: MAX_LOSSES).
+    losses = models.IntegerField(db_default=0)
+    max_losses = models.IntegerField(null=True, blank=True)
     worker_id = models.UUIDField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     errors = RowJSONField(db_default=models.Value([], models.JSONField()))

@@ -63,6 +63,7 @@ class JobFunction(Generic[P, R]):
         queue: str = "default",
         priority: int = 0,
         max_attempts: int | None = None,
+        max_losses: int | None = None,
         backoff: Callable[[int], float] | float | None = None,
         unique: Callable[..., str | None] | None = None,
         cron: str | None = None,
@@ -104,7 +105,10 @@ class JobFunction(Generic[P, R]):
             self.signature = self.signature.replace(parameters=parameters[1:])
         try:
             self.options = (
-                options or Options(queue=queue, priority=priority, max_attempts=max_attempts, timeout=timeout)
+                options
+                or Options(
+                    queue=queue, priority=priority, max_attempts=max_attempts, max_losses=max_losses, timeout=timeout
+                )
             ).checked()
         except (TypeError, ValueError) as error:
             raise type(error)(f"job {name!r}: {error}") from None
@@ -207,6 +211,7 @@ def background_job(
     queue: str = "default",
     priority: int = 0,
     max_attempts: int | None = None,
+    max_losses: int | None = None,
     backoff: Callable[[int], float] | float | None = None,
     unique: Callable[..., str | None] | None = None,
     cron: str | None = None,

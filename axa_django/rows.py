@@ -44,6 +44,7 @@ _FRESH: dict[str, Any] = {
     "error": None,
     "started_at": None,
     "attempts": 0,
+    "losses": 0,
     "worker_id": None,
     "finished_at": None,
     "errors": [],
@@ -55,7 +56,8 @@ _FRESH: dict[str, Any] = {
     "workflow_id": None,
 }
 _COLUMNS = (
-    "id, name, args, queue, priority, run_at, max_attempts, unique_key, backend, timeout, concurrency_key, rate_key"
+    "id, name, args, queue, priority, run_at, max_attempts, unique_key, backend, timeout, concurrency_key, rate_key, "
+    "max_losses"
 )
 # run_at: the given time, else the enqueue time + delay, else the enqueue time, from the
 # database clock. The enqueue time is statement_timestamp(), the created_at default
@@ -67,7 +69,7 @@ _RUN_AT = (
 )
 _VALUES = (
     f"(%s, %s, %s::jsonb, %s, %s, {_RUN_AT.format(run_at='%s', delay='%s::interval', floor='%s')}, %s, %s, %s, "
-    "%s, %s, %s)"
+    "%s, %s, %s, %s)"
 )
 _ON_UNIQUE = (
     "ON CONFLICT (name, unique_key) WHERE unique_key IS NOT NULL AND status IN ('queued', 'running') DO NOTHING"
@@ -92,6 +94,7 @@ class Options:
     delay: datetime.timedelta | None = None
     unique_key: str | None = None
     max_attempts: int | None = None
+    max_losses: int | None = None
     on_duplicate: str = "return"
     backend: str | None = None
     # Flow control (flow.py): seconds per attempt, and the keys of the job's limits.
@@ -112,6 +115,10 @@ class Options:
             raise ValueError(f"priority must be an int between -2147483648 and 2147483647, not {self.priority!r}")
         if self.max_attempts is not None and (type(self.max_attempts) is not int or self.max_attempts < 1):
             raise ValueError(f"max_attempts must be a positive int, not {self.max_attempts!r}")
+        if self.max_losses is not None and (type(self.max_losses) is not int or not 0 < self.max_losses < 2**31 - 1):
+            raise ValueError(
+                f"max_losses must be a positive int (times the job's worker may die under it), not {self.max_losses!r}"
+            )
         if self.unique_key is not None and not isinstance(self.unique_key, str):
             raise TypeError(f"unique_key must be a str, not {type(self.unique_key).__name__}")
         if self.unique_key is not None:
@@ -216,6 +223,7 @@ def _params(name: str, args: dict[str, Any], options: Options, job_id: uuid.UUID
         options.timeout,
         options.concurrency_key,
         options.rate_key,
+        options.max_losses,
     ]
 
 
@@ -259,7 +267,7 @@ def _build(params: list[Any], args: dict[str, Any], times: Sequence[Any], using:
     job_id, name, _, queue, priority, _, _, _, max_attempts, unique_key, backend, *flow = params
     known = dict(_FRESH, errors=[], id=job_id, name=name, args=args, queue=queue, priority=priority)
     known.update(max_attempts=max_attempts, unique_key=unique_key, backend=backend)
-    known.update(zip(("timeout", "concurrency_key", "rate_key"), flow, strict=True))
+    known.update(zip(("timeout", "concurrency_key", "rate_key", "max_losses"), flow, strict=True))
     known.update(zip(_READ_BACK, times, strict=True))
     return _job(using, known)
 
@@ -304,9 +312,11 @@ _BULK_FIELDS = ["id", "name", "args", "status", "queue", "priority", "max_attemp
 # of one array per column. args are JSON already and go in as they are.
 _FROM_JSON = (
     f"SELECT id, name, args, queue, priority, {_RUN_AT.format(run_at='run_at', delay='delay', floor='floor')}, "
-    "max_attempts, unique_key, backend, timeout, concurrency_key, rate_key FROM jsonb_to_recordset(%s::jsonb) "
+    "max_attempts, unique_key, backend, timeout, concurrency_key, rate_key, max_losses "
+    "FROM jsonb_to_recordset(%s::jsonb) "
     "AS v(id uuid, name text, args jsonb, queue text, priority int, run_at timestamptz, delay interval, floor bool, "
-    "max_attempts int, unique_key text, backend text, timeout float8, concurrency_key text, rate_key text)"
+    "max_attempts int, unique_key text, backend text, timeout float8, concurrency_key text, rate_key text, "
+    "max_losses int)"
 )
 _MICROSECOND = datetime.timedelta(microseconds=1)
 
@@ -318,7 +328,7 @@ def _json_text(value: str | None) -> str:
 def _as_json(row: list[Any]) -> str:
     """One row of ``_params`` as the JSON object _FROM_JSON reads."""
     job_id, name, args, queue, priority, run_at, delay, floor, max_attempts, unique_key, backend, *flow = row
-    timeout, concurrency_key, rate_key = flow
+    timeout, concurrency_key, rate_key, max_losses = flow
     when = "null" if run_at is None else f'"{run_at.isoformat()}"'
     wait = "null" if delay is None else f'"{delay // _MICROSECOND} microseconds"'
     attempts = "null" if max_attempts is None else str(max_attempts)
@@ -327,7 +337,8 @@ def _as_json(row: list[Any]) -> str:
         f'"priority":{priority},"run_at":{when},"delay":{wait},"floor":{"true" if floor else "false"},'
         f'"max_attempts":{attempts},"unique_key":{_json_text(unique_key)},"backend":{_json_text(backend)},'
         f'"timeout":{"null" if timeout is None else repr(float(timeout))},'
-        f'"concurrency_key":{_json_text(concurrency_key)},"rate_key":{_json_text(rate_key)}}}'
+        f'"concurrency_key":{_json_text(concurrency_key)},"rate_key":{_json_text(rate_key)},'
+        f'"max_losses":{"null" if max_losses is None else max_losses}}}'
     )
 
 

@@ -26,7 +26,7 @@ import psycopg.sql
 # it is written when a thread has started the job (MARK_STARTED, FINISH), and a row a
 # dead worker held without starting is queued again without losing an attempt. A row
 # with history (an error, a rescue) is marked at once, so that a job that kills its
-# worker still costs an attempt from its second try on and cannot loop for ever.
+# worker counts a loss from its second try on and cannot loop for ever.
 # The rows are found by their ids alone: the walk has locked them, still queued, so
 # nothing can change them before the UPDATE, and with no status test the planner has
 # only the primary key to find them by. With one, a generic plan made while the
@@ -158,17 +158,24 @@ SELECT (SELECT count(*) FROM beat),
 """
 
 # Requeue jobs of dead workers (no heartbeat within the lease), and rows claimed
-# without a worker id (the seed's CLAIM) that have run past STALE_MINUTES. A lost
-# worker costs the job the attempt it was on: a job that kills every worker running it
-# (os._exit, the OOM killer) ends failed after max_attempts instead of looping forever.
+# without a worker id (the seed's CLAIM) that have run past STALE_MINUTES. A loss is
+# not the job's own error: the attempt is given back and the loss counted apart, so
+# that a SIGKILLed, frozen or cut-off worker's job runs again at the defaults. A job
+# that kills every worker running it (os._exit, the OOM killer) runs max_losses times,
+# then fails, instead of looping forever. A row claimed ahead that no thread started
+# comes back with neither counted. Seed rows (no worker id) are never failed here: the
+# seed requeues them for ever, and their attempts were never counted.
 RESCUE = """
 WITH dead AS (
     DELETE FROM axa_worker WHERE heartbeat_at < now() - make_interval(secs => %(lease)s) RETURNING id
 ), lost AS (
     SELECT q.id,
         q.worker_id IS NOT NULL AND q.started_at IS NOT NULL
-            AND q.attempts >= COALESCE(q.max_attempts, %(max_attempts)s) AS spent,
-        q.worker_id IS NOT NULL AND q.started_at IS NULL AS unstarted
+            AND q.losses + 1 >= COALESCE(q.max_losses, %(max_losses)s) AS spent,
+        q.worker_id IS NOT NULL AND q.started_at IS NULL AS unstarted,
+        LEAST(q.losses, 2147483646) + CASE WHEN q.worker_id IS NOT NULL AND q.started_at IS NULL THEN 0 ELSE 1 END
+            AS losses,
+        COALESCE(q.max_losses, %(max_losses)s) AS allowed
     FROM axa_queue q
     WHERE q.status = 'running' AND (
         (q.worker_id IS NOT NULL AND (
@@ -182,19 +189,23 @@ SET status = CASE WHEN lost.spent THEN 'failed' ELSE 'queued' END,
     started_at = CASE WHEN lost.spent THEN q.started_at END,
     worker_id = CASE WHEN lost.spent THEN q.worker_id END,
     run_at = CASE WHEN lost.spent THEN q.run_at ELSE now() END,
-    attempts = CASE WHEN lost.unstarted THEN GREATEST(q.attempts - 1, 0) ELSE q.attempts END,
+    attempts = CASE WHEN lost.spent OR q.worker_id IS NULL THEN q.attempts ELSE GREATEST(q.attempts - 1, 0) END,
+    losses = lost.losses,
     finished_at = CASE WHEN lost.spent THEN now() END,
     error = CASE WHEN lost.spent THEN format(
-        'WorkerLost: the worker running this job stopped during attempt %%s of %%s; no attempts are left',
-        q.attempts, COALESCE(q.max_attempts, %(max_attempts)s)) ELSE q.error END,
+        'WorkerLost: the worker running this job stopped %%s times (max_losses %%s), so the job failed; '
+        'if the job itself kills its worker (memory, os._exit), fix that, then retry it',
+        lost.losses, lost.allowed) ELSE q.error END,
     updated_at = now(),
     errors = q.errors || jsonb_build_array(jsonb_build_object(
         'attempt', q.attempts, 'at', now(), 'worker', q.worker_id, 'type', 'WorkerLost',
         'message', CASE WHEN lost.spent
-            THEN 'the worker running this job stopped; no attempts are left, so the job failed'
+            THEN format('the worker running this job stopped (loss %%s of %%s allowed); the job failed',
+                        lost.losses, lost.allowed)
             WHEN lost.unstarted
             THEN 'the worker holding this job stopped before starting it; the job was queued again, no attempt used'
-            ELSE 'the worker running this job stopped; the job was queued again' END,
+            ELSE format('the worker running this job stopped (loss %%s of %%s allowed); '
+                        'the job was queued again, no attempt used', lost.losses, lost.allowed) END,
         'traceback', ''))
 FROM lost
 WHERE q.id = lost.id
@@ -326,7 +337,7 @@ WITH candidate AS (
 ), retried AS (
     UPDATE axa_queue q
     SET status = 'queued', run_at = now(), started_at = NULL, finished_at = NULL,
-        worker_id = NULL, attempts = 0, updated_at = now()
+        worker_id = NULL, attempts = 0, losses = 0, updated_at = now()
     FROM ranked r
     WHERE q.id = r.id AND r.live IS NULL AND r.first = r.id
     RETURNING q.id

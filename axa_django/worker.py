@@ -366,14 +366,14 @@ class Worker(Connections, Loops, FlowLoops):
         }
 
     def _rescue(self) -> None:
-        params = {"lease": self.lease, "stale": self.stale_minutes, "max_attempts": int(conf.get("MAX_ATTEMPTS"))}
+        params = {"lease": self.lease, "stale": self.stale_minutes, "max_losses": int(conf.get("MAX_LOSSES"))}
         rows = self._execute(sql.RESCUE, params, bounded=True)
         if rows:
             failed = sum(1 for _, status in rows if status == "failed")
             logger.warning(
-                "requeued %d job(s) whose worker stopped; %d more had no attempts left and failed",
+                "requeued %d job(s) whose worker stopped%s",
                 len(rows) - failed,
-                failed,
+                f"; {failed} more had lost their worker max_losses times and failed" if failed else "",
             )
         rows = self._execute(sql.FAIL_NEVER_DUE, {}, bounded=True)
         if rows:
@@ -433,7 +433,7 @@ class Worker(Connections, Loops, FlowLoops):
         return jobs
 
     def _mark_started(self) -> None:
-        """Write started_at of claimed-ahead jobs running past MARK_AFTER: a lost worker then costs them an attempt."""
+        """Write started_at of claimed-ahead jobs running past MARK_AFTER: a lost worker then counts them a loss."""
         cutoff = time.time() - MARK_AFTER
         with self._lock:
             due = {job_id: at for job_id, at in self._starts.items() if at <= cutoff}

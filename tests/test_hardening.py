@@ -1,5 +1,6 @@
 """No job, no row and no thread's death may stop a worker or lose work (issue: hardening)."""
 
+import datetime
 import json
 import os
 import signal
@@ -186,9 +187,13 @@ def test_a_job_that_leaks_a_transaction_fails_and_the_next_job_runs_clean(worker
 # -- 1.6 crash loops ----------------------------------------------------------------
 
 
-def test_a_job_that_kills_its_worker_fails_after_max_attempts(workers, log_file):
-    job = hostile_jobs.kill_worker.perform_later(log_file)  # max_attempts=3
-    for _ in range(6):
+@pytest.mark.parametrize("max_losses", [None, 1], ids=["default", "override"])
+def test_a_job_that_kills_its_worker_runs_max_losses_times_then_fails(workers, log_file, max_losses):
+    # At the defaults: one attempt (MAX_ATTEMPTS) and three losses (MAX_LOSSES).
+    job = hostile_jobs.kill_worker.using(max_losses=max_losses).perform_later(log_file)
+    runs = max_losses or conf.get("MAX_LOSSES")
+    assert runs == (1 if max_losses else 3)
+    for _ in range(runs + 3):
         proc = workers.start("--concurrency", "1")
         wait_for(
             lambda p=proc: p.poll() is not None or fresh(job).status == "failed",
@@ -202,12 +207,13 @@ def test_a_job_that_kills_its_worker_fails_after_max_attempts(workers, log_file)
         assert proc.returncode == 9
     row = fresh(job)
     assert row.status == "failed", (row.status, len(lines(log_file)))
-    assert len(lines(log_file)) == 3
-    assert [entry["type"] for entry in row.errors] == ["WorkerLost"] * 3
-    assert "no attempts are left" in row.error
-    # A fourth worker does not run it again.
+    assert len(lines(log_file)) == runs
+    assert (row.attempts, row.losses) == (1, runs)
+    assert [entry["type"] for entry in row.errors] == ["WorkerLost"] * runs
+    assert row.error.startswith(f"WorkerLost: the worker running this job stopped {runs} times (max_losses {runs})")
+    # Another worker does not run it again.
     code, _ = burst(workers, "--concurrency", "1")
-    assert code == 0 and len(lines(log_file)) == 3
+    assert code == 0 and len(lines(log_file)) == runs
 
 
 # -- 1.7 the heartbeat waits on nothing else -------------------------------------------
@@ -350,21 +356,36 @@ def test_a_queue_workers_claim_never_walks_other_queues():
 
 
 def test_a_lost_workers_rows_keep_their_error_history_as_json():
-    job = jobs.add.using(max_attempts=2).perform_later(1)
+    job = jobs.add.using(max_losses=2).perform_later(1)
     dead = "00000000-0000-0000-0000-000000000001"
     started = timezone.now()
+    rescue = {"lease": 1.0, "stale": 60, "max_losses": 3}
     Job.objects.filter(pk=job.pk).update(status="running", worker_id=dead, attempts=1, started_at=started)
     with connect("default", "test") as conn:
-        rows = conn.execute(sql.RESCUE, {"lease": 1.0, "stale": 60, "max_attempts": 1}).fetchall()
+        rows = conn.execute(sql.RESCUE, rescue).fetchall()
     assert rows == [(job.pk, "queued")]
-    Job.objects.filter(pk=job.pk).update(status="running", worker_id=dead, attempts=2, started_at=started)
+    assert (fresh(job).attempts, fresh(job).losses) == (0, 1)  # the attempt given back, the loss counted
+    Job.objects.filter(pk=job.pk).update(status="running", worker_id=dead, attempts=1, started_at=started)
     with connect("default", "test") as conn:
-        rows = conn.execute(sql.RESCUE, {"lease": 1.0, "stale": 60, "max_attempts": 1}).fetchall()
+        rows = conn.execute(sql.RESCUE, rescue).fetchall()
     assert rows == [(job.pk, "failed")]
     row = fresh(job)
+    assert (row.attempts, row.losses) == (1, 2)
     assert [entry["type"] for entry in row.errors] == ["WorkerLost", "WorkerLost"]
-    assert "attempt 2 of 2" in row.error
+    assert "stopped 2 times (max_losses 2)" in row.error
+    assert "loss 1 of 2 allowed" in row.errors[0]["message"] and "loss 2 of 2" in row.errors[1]["message"]
     json.dumps(row.errors)
+
+
+def test_a_seed_row_past_stale_minutes_is_queued_again_however_often_it_was_lost():
+    # Rows the seed's CLAIM took (no worker id) keep the seed's rule: queued again, never failed here.
+    job_id = insert_row("tests.testapp.jobs.add", '{"a": 1}', status="'running'", losses="7", max_losses="1")
+    Job.objects.filter(pk=job_id).update(started_at=timezone.now() - datetime.timedelta(minutes=61))
+    with connect("default", "test") as conn:
+        rows = conn.execute(sql.RESCUE, {"lease": 1.0, "stale": 60, "max_losses": 3}).fetchall()
+    assert rows == [(job_id, "queued")]
+    row = Job.objects.get(pk=job_id)
+    assert (row.status, row.attempts, row.losses, row.started_at) == ("queued", 0, 8, None)
 
 
 def test_the_admin_shows_rows_python_cannot_decode(workers, admin_client):

@@ -98,7 +98,7 @@ def test_a_stopping_worker_gives_back_the_rows_it_claimed_ahead_unstarted(worker
     assert len(counts) == 60 and set(counts.values()) == {1}
 
 
-def test_a_killed_worker_costs_an_attempt_only_to_the_jobs_it_had_started(workers, log_file, tmp_path):
+def test_a_killed_worker_counts_a_loss_only_to_the_jobs_it_had_started(workers, log_file, tmp_path):
     proc, gate, ahead = hold_rows_behind_a_gate(workers, log_file, tmp_path)
     # The gate has run longer than the worker waits to record a start.
     wait_for(lambda: Job.objects.get(pk=gate.pk).started_at is not None, what="the gate's start to be written")
@@ -110,16 +110,16 @@ def test_a_killed_worker_costs_an_attempt_only_to_the_jobs_it_had_started(worker
     rescuer.send_signal(signal.SIGTERM)
     assert rescuer.wait(timeout=30) == 0
     for row in Job.objects.filter(pk__in=ahead):
-        assert (row.status, row.attempts) == ("completed", 1), row.errors
+        assert (row.status, row.attempts, row.losses) == ("completed", 1, 0), row.errors
         assert row.errors[0]["type"] == "WorkerLost" and "no attempt used" in row.errors[0]["message"]
     gated = Job.objects.get(pk=gate.pk)
-    assert (gated.status, gated.attempts, gated.errors[0]["type"]) == ("completed", 2, "WorkerLost")
+    assert (gated.status, gated.attempts, gated.losses, gated.errors[0]["type"]) == ("completed", 1, 1, "WorkerLost")
     counts, _ = runs(log_file)
     assert len(counts) == 60 and set(counts.values()) == {1}
 
 
 def test_a_row_with_history_is_marked_started_when_claimed_ahead(log_file):
-    # A job that once killed its worker is charged from then on, even when claimed ahead.
+    # A job that once killed its worker counts losses from then on, even when claimed ahead.
     fresh = prefetch_jobs.held.perform_later(token="fresh", log=log_file)
     rescued = prefetch_jobs.held.perform_later(token="rescued", log=log_file)
     with connection.cursor() as cursor:

@@ -192,11 +192,11 @@ def test_cancelling_a_waiting_job_cancels_its_descendants():
 
 
 def test_killed_parents_are_rescued_their_children_wait_and_run_once_or_are_cancelled(workers, log_file):
-    # One SIGKILL, two parents: one with attempts left (rescued, run again, then its
-    # children run once), one without (failed by the rescue, its child cancelled).
-    parent = wj.step.using(max_attempts=3).perform_later("p", log_file, seconds=60)
+    # One SIGKILL, two parents: one at the defaults (rescued, run again, then its
+    # children run once), one allowed no loss (failed by the rescue, its child cancelled).
+    parent = wj.step.perform_later("p", log_file, seconds=60)
     children = wj.step.using(after=[parent]).perform_later_many([{"token": f"k{i}", "log": log_file} for i in range(3)])
-    spent = wj.step.using(max_attempts=1).perform_later("s", log_file, seconds=60)
+    spent = wj.step.using(max_losses=1).perform_later("s", log_file, seconds=60)
     orphan = wj.step.using(after=[spent]).perform_later("o", log_file)
     first = workers.start("--concurrency", "2")
     wait_for(lambda: {"start p", "start s"} <= set(lines(log_file)), what="parents running")

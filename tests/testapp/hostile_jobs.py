@@ -76,7 +76,7 @@ def write_marker(marker: str) -> str:
     return marker
 
 
-@background_job(max_attempts=3)
+@background_job
 def kill_worker(log: str) -> None:
     """End the whole worker process at once, as the OOM killer would."""
     _mark(log, str(os.getpid()))
