@@ -146,7 +146,9 @@ class JobAdmin(JobPermissions, JobWorkflowFields, JobActions):
 
     @admin.display(description="attempts", ordering="attempts")
     def attempts_shown(self, job: Job) -> str:
-        return f"{job.attempts}/{job.max_attempts}" if job.max_attempts else str(job.attempts)
+        shown = f"{job.attempts}/{job.max_attempts}" if job.max_attempts else str(job.attempts)
+        # Losses spend no attempt (a dead worker is not the job's error), so they are shown apart.
+        return f"{shown} (worker lost {job.losses}x)" if job.losses else shown
 
     @admin.display(description="run at", ordering="run_at")
     def run_at_shown(self, job: Job) -> SafeString:

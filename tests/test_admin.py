@@ -193,6 +193,15 @@ def test_failed_jobs_page_lists_only_failed_most_recent_first(admin_client: Clie
     assert "KeyError: &#x27;x&#x27;" in html and "more" not in html  # the error column's first line only
 
 
+def test_a_job_whose_workers_died_shows_its_losses_beside_its_attempts(admin_client: Client) -> None:
+    lost = make_job("failed", attempts=1, losses=3, max_attempts=2)
+    plain = make_job("failed", attempts=2)
+    html = admin_client.get(FAILED).content.decode()
+    assert "1/2 (worker lost 3x)" in html
+    assert admin_client.get(change_url(lost)).content.decode().count("1/2 (worker lost 3x)") == 1
+    assert "(worker lost" not in admin_client.get(change_url(plain)).content.decode()
+
+
 def test_a_failed_job_link_opens_the_job_detail(admin_client: Client) -> None:
     job = make_job("failed")
     response = admin_client.get(reverse("admin:axa_django_failedjob_change", args=[job.pk]))
@@ -275,11 +284,11 @@ def test_script_in_a_row_shows_as_text_everywhere(admin_client: Client) -> None:
 
 
 def test_retry_button_queues_a_failed_job_now(admin_client: Client) -> None:
-    job = make_job("failed", attempts=3, worker_id=uuid.uuid4())
+    job = make_job("failed", attempts=3, losses=3, worker_id=uuid.uuid4())
     response = admin_client.post(retry_url(job), follow=True)
     assert response.redirect_chain[-1][0] == change_url(job)
     job.refresh_from_db()
-    assert (job.status, job.attempts, job.worker_id, job.finished_at) == ("queued", 0, None, None)
+    assert (job.status, job.attempts, job.losses, job.worker_id, job.finished_at) == ("queued", 0, 0, None, None)
     assert job.errors  # history is kept
     assert any("queued to run again" in m for m in messages_of(response))
     history = admin_client.get(reverse("admin:axa_django_job_history", args=[job.pk])).content.decode()

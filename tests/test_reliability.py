@@ -62,6 +62,30 @@ def test_a_killed_workers_job_runs_again_elsewhere_within_two_leases(workers, lo
     assert str(second.pid) in lines(log_file)[1]
 
 
+def test_a_frozen_workers_job_runs_again_at_the_defaults_and_its_late_outcome_is_refused(workers, log_file):
+    # SIGSTOP: a VM paused past the lease. One attempt (the default) is not spent by the loss.
+    job = jobs.slow.perform_later(1.0, log=log_file, token="frozen")
+    frozen = workers.start("--concurrency", "1")
+    wait_for(lambda: any(line.startswith("start frozen") for line in lines(log_file)), what="first run")
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        other = workers.start("--concurrency", "1")
+        wait_for(lambda: fresh(job).status == "completed", timeout=2 * lease() + 30, what="the rerun elsewhere")
+        row = fresh(job)
+        assert (row.attempts, row.losses, [entry["type"] for entry in row.errors]) == (1, 1, ["WorkerLost"])
+        assert f"end frozen {other.pid}" in lines(log_file)
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    # Thawed, the old worker ends its run, but its outcome is not written over the new one.
+    wait_for(lambda: f"end frozen {frozen.pid}" in lines(log_file), what="the thawed run to end")
+    for proc in (frozen, other):
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    after = fresh(job)
+    assert (after.status, after.worker_id, after.finished_at) == ("completed", row.worker_id, row.finished_at)
+    assert "not written: the job was rescued or changed meanwhile" in frozen.stdout.read()
+
+
 def test_a_job_running_three_leases_with_its_worker_alive_runs_once(workers, log_file):
     job = jobs.slow.perform_later(3 * lease(), log=log_file, token="long")
     procs = [workers.start("--concurrency", "1"), workers.start("--concurrency", "1")]
