@@ -462,6 +462,12 @@ def test_jobs_page(workers, capsys):
         ]
         ns = page.run('@background_job(max_attempts=5)  # default: AXA_DJANGO["MAX_ATTEMPTS"] (1)')
         assert ns["sync_crm"].max_attempts == 5 and ns["charge"].retry_delay(2) == 60
+        ns = page.run(
+            '@background_job(max_losses=1)  # default: AXA_DJANGO["MAX_LOSSES"] (3); per call: .using(max_losses=...)'
+        )
+        report = ns["render_huge_report"]
+        assert report.options.max_losses == 1 and report.perform_later(3).max_losses == 1
+        assert report.using(max_losses=5).perform_later(4).max_losses == 5
         finish(procs)
 
 
