@@ -57,6 +57,7 @@ def test_the_app_has_one_initial_migration():
         "0002_flow.py",
         "0003_workflow.py",
         "0004_ops.py",
+        "0005_losses.py",
     ]
 
 
