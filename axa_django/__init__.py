@@ -2,13 +2,14 @@
 
 from typing import TYPE_CHECKING, Any
 
-from .context import JobCancelled, JobContext, JobTimeout
+from .context import JobCancelled, JobContext, JobLost, JobTimeout
 
 __all__ = [
     "DuplicateJob",
     "Job",
     "JobCancelled",
     "JobContext",
+    "JobLost",
     "JobTimeout",
     "background_job",
     "batch",

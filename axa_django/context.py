@@ -13,6 +13,15 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
+
+from . import dependencies, sql
+from .arguments import encode
+
+# The largest result a job may store, as for a result returned (execution.perform).
+RESULT_LIMIT = 2**31
+_IN_TRANSACTION = psycopg.pq.TransactionStatus.INTRANS
+
 
 @dataclass
 class JobContext:
@@ -29,6 +38,11 @@ class JobContext:
     timeout: float | None = None
     # The same moment on this process's monotonic clock, which the worker enforces.
     _deadline_monotonic: float | None = field(default=None, repr=False)
+    # When a thread started this attempt (epoch seconds): a row claimed ahead has no started_at yet.
+    _started: float | None = field(default=None, repr=False)
+    # The result text of the last complete_in_transaction(), and whether its transaction committed.
+    _completion: str | None = field(default=None, repr=False)
+    _committed: bool = field(default=False, repr=False)
 
     def is_cancelled(self) -> bool:
         """True once someone asked this job to stop (``job.cancel()`` on a running job)."""
@@ -61,6 +75,97 @@ class JobContext:
             for job_id, status, text in rows
         }
 
+    def complete_in_transaction(self, result: Any = None) -> None:
+        """Complete this job, with ``result``, in the current ``transaction.atomic()`` block on the queue database.
+
+        The row becomes ``completed`` in the same transaction as the job's own writes to
+        that database: both commit, or neither does (the job then runs again), and once
+        committed nothing can run the job again or overwrite its outcome. Children
+        (``after=``) are settled in the same transaction. Raises JobLost, marking the
+        block for rollback, if this attempt no longer owns its row (the worker lost it
+        past its lease, someone deleted it, or it is already completed): let it
+        propagate so that the writes are undone.
+        """
+        from django.db import connections, transaction
+
+        from . import conf
+
+        if _in_event_loop():
+            raise RuntimeError(
+                "complete_in_transaction() runs database statements, so call it from sync code: in an async job, "
+                "inside the function you pass to sync_to_async, in its transaction.atomic() block"
+            )
+        text = encode(result, f"the result of job {self.name!r}", RESULT_LIMIT)
+        alias = conf.queue_database()
+        connection = connections[alias]
+        if not connection.in_atomic_block:
+            raise transaction.TransactionManagementError(
+                f"complete_in_transaction() completes job {self.name!r} in the current transaction, so call it "
+                f"inside transaction.atomic(using={alias!r}), the block that makes the job's writes to the queue's "
+                "database; outside one it would commit on its own, apart from them"
+            )
+        started = self._started if self._started is not None else time.time()
+        params = {"id": self.job_id, "worker": self.worker_id, "result": text, "started": started}
+        with connection.cursor() as cursor:
+            cursor.execute(sql.COMPLETE_SELF, params)
+            row = cursor.fetchone()
+            if row is None:
+                cursor.execute("SELECT status, worker_id FROM axa_queue WHERE id = %s", [self.job_id])
+                now = cursor.fetchone()
+        if row is None:
+            transaction.set_rollback(True, using=alias)
+            raise JobLost(self._lost_message(now))
+        if row[0]:
+            with connection.cursor() as cursor:
+                dependencies.settle(cursor, [self.job_id])
+        self._completion, self._committed = text, False
+        transaction.on_commit(self._on_commit, using=alias)
+
+    def _on_commit(self) -> None:
+        self._committed = True
+
+    def _lost_message(self, now: tuple[Any, ...] | None) -> str:
+        where = f"job {self.name!r} {self.job_id} (attempt {self.attempt})"
+        if now is None:
+            state = "its row is gone (deleted or pruned)"
+        elif now[0] == "completed" and self._completion is not None and now[1] == self.worker_id:
+            state = "it is already completed in this transaction: complete_in_transaction() was called twice"
+        elif now[0] == "running":
+            state = f"its row is running under another worker ({now[1]}): this worker lost it past its lease"
+        else:
+            state = f"its row is {now[0]} now (this worker lost it past its lease, or it was changed meanwhile)"
+        return (
+            f"{where} cannot complete itself: {state}. The transaction is rolled back so that its writes are not "
+            "kept; the attempt that owns the row does the work"
+        )
+
+    def completed_itself(self) -> bool:
+        """True if this attempt's complete_in_transaction() is kept: committed, or inside the caller's transaction.
+
+        A worker's job thread autocommits, so its completion is kept once committed. In
+        immediate mode and run_jobs() (no worker id) the job runs in the caller's
+        transaction: its completion is kept while that transaction still holds it.
+        """
+        if self._committed:
+            return True
+        if self._completion is None or self.worker_id is not None:
+            return False
+        from django.db import DatabaseError, connections
+
+        from . import conf
+
+        connection = connections[conf.queue_database()]
+        raw = connection.connection
+        if not connection.in_atomic_block or raw is None or raw.info.transaction_status != _IN_TRANSACTION:
+            return False  # rolled back, or about to be (a failed statement aborted the transaction)
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT status = 'completed' FROM axa_queue WHERE id = %s", [self.job_id])
+                row = cursor.fetchone()
+        except DatabaseError:
+            return False  # the caller's transaction is broken: it rolls the completion back
+        return bool(row and row[0])
+
     def cancel(self) -> None:
         """Mark this job as asked to stop; the worker calls this when it sees the request."""
         self._cancelled.set()
@@ -74,6 +179,20 @@ class JobTimeout(BaseException):
     """
 
     __module__ = "axa_django"
+
+
+class JobLost(Exception):
+    """complete_in_transaction() found that this attempt no longer owns its row: its transaction rolls back."""
+
+    __module__ = "axa_django"
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 class JobCancelled(Exception):

@@ -65,6 +65,8 @@ class Outcome:
     delay: float = 0.0
     # When a thread started a row claimed ahead (epoch seconds): its started_at is written with the outcome.
     started: float | None = None
+    # The job completed its row itself (JobContext.complete_in_transaction): nothing is left to write.
+    self_completed: bool = False
 
 
 @tracing.traced
@@ -86,6 +88,7 @@ def perform(job: Claimed, worker_id: uuid.UUID | None, resolve: Callable[[Claime
             raise ArgumentsMismatch(f"the arguments do not fit {job.name}{shape}: {error}") from None
         if function.takes_context:
             job.context = job.context or JobContext(job.id, job.name, job.attempt, worker_id)
+            job.context._started = time.time()
             args.insert(0, job.context)
         value = call(job.watch, function.func, args, kwargs)
         if asyncio.iscoroutine(value):
@@ -98,8 +101,29 @@ def perform(job: Claimed, worker_id: uuid.UUID | None, resolve: Callable[[Claime
         except (TypeError, ValueError) as error:
             raise BadResult(str(error)) from None
     except BaseException as error:  # noqa: BLE001 - whatever a job raises is its outcome, never the worker's end
+        if job.context is not None and job.context.completed_itself():
+            return completed_itself(job, error)
         return failure(job, function, error, worker_id)
+    if job.context is not None and job.context.completed_itself():
+        return completed_itself(job)
     return Outcome(job.id, job.name, job.attempt, "completed", result=result)
+
+
+def completed_itself(job: Claimed, raised: BaseException | None = None) -> Outcome:
+    """The outcome of an attempt that completed its row itself: completed, with the result it stored.
+
+    What it raised afterwards changes nothing (the row stays completed), and is logged.
+    """
+    assert job.context is not None
+    if raised is not None:
+        logger.warning(
+            "job %s %s completed itself (complete_in_transaction) and then raised %s: %s; it stays completed",
+            job.name,
+            job.id,
+            type(raised).__name__,
+            raised,
+        )
+    return Outcome(job.id, job.name, job.attempt, "completed", result=job.context._completion, self_completed=True)
 
 
 def decode_args(text: str) -> Any:
@@ -194,7 +218,12 @@ def _as_json(o: Outcome) -> str:
 
 
 def finish(cursor: psycopg.Cursor[Any], outcomes: list[Outcome], worker_id: uuid.UUID | None) -> set[uuid.UUID]:
-    """Write outcomes in one statement; return the ids whose guard held."""
+    """Write outcomes in one statement; return the ids whose guard held, and those of jobs that completed themselves."""
+    done = {o.id for o in outcomes if o.self_completed}  # their transaction wrote them
+    if done:
+        outcomes = [o for o in outcomes if not o.self_completed]
+        if not outcomes:
+            return done
     # Rows are locked in id order, as an enqueue with after= locks its parents: no deadlock.
     outcomes = sorted(outcomes, key=lambda o: o.id)
     # One JSON text for the whole batch: result and entry are JSON already and go in
@@ -206,7 +235,7 @@ def finish(cursor: psycopg.Cursor[Any], outcomes: list[Outcome], worker_id: uuid
         left = ",".join(_as_json(o) for o in outcomes if o.id not in written)
         params = {"outcomes": f"[{left}]", "worker": worker_id}
         written |= dependencies.finish_parents(cursor, sql.FINISH_PARENTS, params)
-    return written
+    return written | done
 
 
 def run_inline(job: Any, function: Any) -> None:
@@ -295,6 +324,11 @@ def release_connections() -> list[str]:
 def leaked(job: Claimed, function: Any, outcome: Outcome, aliases: list[str], worker_id: uuid.UUID | None) -> Outcome:
     """The outcome of an attempt that left a transaction open: it fails, whatever it returned."""
     names = ", ".join(repr(alias) for alias in aliases)
+    if outcome.self_completed:  # its completion committed before: the row stays completed
+        logger.warning(
+            "job %s %s completed itself, then left a transaction open on %s (rolled back)", job.name, job.id, names
+        )
+        return outcome
     message = (
         f"the job returned with a transaction still open on database {names}; it was rolled back, so what the job "
         "wrote there is lost. Commit inside the job (transaction.atomic()) before returning."

@@ -350,3 +350,16 @@ SELECT id, false, coalesce(live, first) FROM ranked WHERE live IS NOT NULL OR fi
 # FINISH for jobs with children, run in a transaction with dependencies.SETTLE.
 FINISH_PARENTS = FINISH.replace("\n  AND NOT q.has_children\n", "\n")
 assert FINISH_PARENTS != FINISH, "FINISH lost its no-children guard"
+
+# A job completing itself (JobContext.complete_in_transaction), in the job's own
+# transaction on the queue database: the row is completed with the job's writes there,
+# or not at all. Guarded as FINISH is: only while the row is running under this worker,
+# so a worker that lost the row (rescued, deleted) completes nothing and a completed row
+# cannot be completed again. No synchronous_commit here: the transaction is the job's.
+COMPLETE_SELF = """
+UPDATE axa_queue
+SET status = 'completed', result = %(result)s::jsonb, finished_at = now(), updated_at = now(),
+    started_at = COALESCE(started_at, to_timestamp(%(started)s))
+WHERE id = %(id)s AND status = 'running' AND worker_id IS NOT DISTINCT FROM %(worker)s
+RETURNING has_children
+"""

@@ -165,6 +165,7 @@ from . import (  # noqa: E402, F401
     admin_jobs,
     adminpolish_jobs,
     boundary_jobs,
+    exactly_once_jobs,
     flow_jobs,
     hostile_jobs,
     housekeeping_jobs,
