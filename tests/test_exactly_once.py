@@ -18,6 +18,7 @@ from django.test import override_settings
 from axa_django import Job, JobContext, JobLost
 from axa_django.models import Worker
 from axa_django.testing import run_jobs
+from tests import docs_examples
 from tests.conftest import AXA_APPS, wait_for
 from tests.testapp import exactly_once_jobs as eo
 from tests.testapp import jobs
@@ -314,3 +315,27 @@ def test_chaos_each_jobs_write_exists_exactly_once_whatever_is_killed(workers):
         f"exactly once: {total} jobs, {kills} kills, {rescued} jobs rescued from a killed worker, {undone} writes "
         f"rolled back by a kill, {total} kept (one per job), all completed in {elapsed:.1f}s (lease 1s)"
     )
+
+
+# -- the docs' example ----------------------------------------------------------------------
+
+
+class LedgerEntry:
+    """The page's model, stored as an Effect row (tokened account:cents)."""
+
+    class objects:  # the manager the page's code calls
+        @staticmethod
+        def create(account_id: int, cents: int) -> Effect:
+            return Effect.objects.create(job_id=uuid.uuid4(), token=f"{account_id}:{cents}")
+
+
+def test_the_jobs_page_example():
+    block = "from django.db import transaction"
+    others = frozenset(b.key for b in docs_examples.page_blocks("docs/jobs.md") if b.key != block)
+    with docs_examples.Page("docs/jobs.md", skip=others) as page:
+        credit = page.run(block, LedgerEntry=LedgerEntry)["credit"]
+        job = credit.perform_later(7, 250)
+        (attempt,) = run_jobs()
+        (entry,) = Effect.objects.all()
+        assert (attempt.status, attempt.result, entry.token) == ("completed", {"entry": entry.pk}, "7:250")
+        assert (fresh(job).status, fresh(job).result) == ("completed", {"entry": entry.pk})
