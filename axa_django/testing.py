@@ -1,9 +1,10 @@
 """Helpers for your own tests: see what was enqueued, and run it in-process on the test's connection.
 
 ``run_jobs()`` claims and finishes rows with the worker's own statements and runs them
-through ``execution.perform``, so attempts, retries, unique keys, results and errors
-are recorded as a worker records them, inside the test's transaction when it has one
-(Django's ``TestCase``, ``@pytest.mark.django_db``).
+through ``execution.perform_here`` (the worker's ``perform``, with its timeouts), so
+attempts, retries, unique keys, results and errors are recorded as a worker records
+them, inside the test's transaction when it has one (Django's ``TestCase``,
+``@pytest.mark.django_db``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 from django.conf import settings
 from django.db import connections
 from django.db.models import Q
@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from . import conf, registry, sql
 from .attempts import RAISE_INLINE, Attempt, JobFailed, Recorder
-from .execution import Claimed, Outcome, finish, log_receiver_errors, perform, send_finished
+from .execution import Claimed, Outcome, attempt_of, finish, log_receiver_errors, perform_here, send_finished
 from .models import Job
 from .signals import job_started
 from .worker import task_backend_aliases
@@ -185,25 +185,14 @@ def _resolve(job: Claimed) -> tuple[Any, Any]:
     return function, function
 
 
-def _run_one(using: str, job: Claimed) -> tuple[Outcome, Attempt, Any, Any]:
+def _run_one(using: str, job: Claimed, timeout: float | None) -> tuple[Outcome, Attempt, Any, Any]:
     sender, function = _resolve(job)
     recorder = Recorder(function) if function is not None else None
     log_receiver_errors(
         "job_started", job_started.send_robust(sender=sender, job_id=job.id, name=job.name, attempt=job.attempt)
     )
-    connection = connections[using]
-    # The connection's own savepoint API: transaction.savepoint() is deprecated in Django 6.1.
-    savepoint = connection.savepoint()
-    outcome = perform(job, None, lambda _job: recorder)
-    raw = connection.connection
-    if savepoint is not None:
-        if raw is not None and raw.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
-            # A statement of the job failed and aborted the test's transaction; a worker's
-            # connection autocommits, so go back to before the job to record its outcome.
-            connection.savepoint_rollback(savepoint)
-        else:
-            connection.savepoint_commit(savepoint)
-    return outcome, Attempt.of(outcome, recorder.raised if recorder else None), sender, function
+    outcome = perform_here(job, recorder if recorder is not None else function, timeout, using)
+    return outcome, attempt_of(outcome, recorder.raised if recorder else None), sender, function
 
 
 def run_jobs(
@@ -241,19 +230,19 @@ def run_jobs(
     for _ in range(max_rounds):
         with connections[using].cursor() as cursor:
             cursor.execute(statement, {"worker": None, "limit": ROUND_SIZE, "ahead": False, **params})
+            rows = sorted(cursor.fetchall(), key=lambda r: (-r[7], r[8]))
             claimed = [
                 Claimed(job_id, job_name_, None, attempt, max_attempts, backend, args_json=args)
-                for job_id, job_name_, args, attempt, max_attempts, backend, *_ in sorted(
-                    cursor.fetchall(), key=lambda r: (-r[7], r[8])
-                )
+                for job_id, job_name_, args, attempt, max_attempts, backend, *_ in rows
             ]
+            timeouts = {row[0]: row[10] for row in rows}  # the rows' own timeouts (CLAIM_RETURNING)
             if not claimed:
                 break
             # RETURNING comes in table order; run them in the order the worker picked them.
             order = {row.pk: index for index, row in enumerate(_in_claim_order(using, [c.id for c in claimed]))}
             claimed.sort(key=lambda c: order[c.id])
         for job in claimed:
-            outcome, attempt, sender, function = _run_one(using, job)
+            outcome, attempt, sender, function = _run_one(using, job, timeouts[job.id])
             with connections[using].cursor() as cursor:
                 # Django's cursor wraps psycopg's; FINISH needs the raw one for arrays.
                 written = finish(cursor.cursor, [outcome], None)

@@ -174,6 +174,7 @@ from . import (  # noqa: E402, F401
     prefetch_jobs,
     setup12_jobs,
     testing12_jobs,
+    timeout_inline_jobs,
     workermistakes_jobs,
     workflow_jobs,
 )
