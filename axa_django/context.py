@@ -125,19 +125,17 @@ class JobContext:
         self._committed = True
 
     def _lost_message(self, now: tuple[Any, ...] | None) -> str:
-        where = f"job {self.name!r} {self.job_id} (attempt {self.attempt})"
+        where = f"job {self.name!r} {self.job_id} (attempt {self.attempt}) cannot complete itself"
+        undone = "The transaction is rolled back so that its writes are not kept"
         if now is None:
-            state = "its row is gone (deleted or pruned)"
-        elif now[0] == "completed" and self._completion is not None and now[1] == self.worker_id:
-            state = "it is already completed in this transaction: complete_in_transaction() was called twice"
-        elif now[0] == "running":
+            return f"{where}: its row is gone (deleted or pruned). {undone}"
+        if now[0] == "completed" and self._completion is not None and now[1] == self.worker_id:
+            return f"{where}: this attempt completed it already (complete_in_transaction() was called twice). {undone}"
+        if now[0] == "running":
             state = f"its row is running under another worker ({now[1]}): this worker lost it past its lease"
         else:
             state = f"its row is {now[0]} now (this worker lost it past its lease, or it was changed meanwhile)"
-        return (
-            f"{where} cannot complete itself: {state}. The transaction is rolled back so that its writes are not "
-            "kept; the attempt that owns the row does the work"
-        )
+        return f"{where}: {state}. {undone}; the attempt that owns the row does the work"
 
     def completed_itself(self) -> bool:
         """True if this attempt's complete_in_transaction() is kept: committed, or inside the caller's transaction.
