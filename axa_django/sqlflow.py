@@ -10,25 +10,71 @@ from __future__ import annotations
 from .sql import CLAIM_RETURNING, CLAIMED
 
 # Jobs with a concurrency limit are claimed apart, so that jobs without one keep the
-# CLAIM of sql.py unchanged. Two statements in one transaction, sent as one pipeline (one
-# round trip; workerflow.py):
-# - LIMITED_PICK walks (name, key) pairs with queued rows, try-locks each (a
-#   transaction-scoped advisory lock; a pair another worker is claiming is passed over,
-#   never waited for) and locks its best queued rows, FOR UPDATE SKIP LOCKED, up to the
-#   slots its snapshot says are free. A row lock sees the row's newest version, so a
-#   row another worker claimed a moment ago is passed over too, and the walk goes on
-#   until %(limit)s rows are held. The rows go to the transaction's setting axa.picked.
+# CLAIM of sql.py unchanged. Four statements in one pipeline (one round trip;
+# workerflow.py), in two transactions:
+# - FOLD and DROP_IDLE bring axa_flow_key's per-pair counts of queued and running rows
+#   up to date: the triggers of migration 0006 write each change of a keyed row as a
+#   delta, insert-only, and every claim folds the deltas that no other claim is folding
+#   (SKIP LOCKED), into pairs locked in (name, key) order, so two folds never deadlock.
+#   Pairs down to nothing are dropped, those another fold holds left for later. Their
+#   own transaction, so the counters are locked for one statement only.
+# - LIMITED_PICK walks, per name, the pairs those counts say have queued rows and a
+#   free slot (axa_flow_key_free: pairs at their limit are not in the walk at all, so a
+#   claim never steps over them, however many sort first): first those with none
+#   running, round robin from where the last claim stopped, then those partly busy,
+#   fewest running first. It try-locks each (a transaction-scoped advisory lock; a pair
+#   another worker is claiming is passed over, never waited for) and locks its best
+#   queued rows, FOR UPDATE SKIP LOCKED, up to the slots its snapshot shows free. A row
+#   lock sees the row's newest version, so a row another worker claimed a moment ago is
+#   passed over too. At most %(reach)s pairs per name are walked (pairs whose rows all
+#   wait for their run_at, are paused or held by others): the next claim goes on from
+#   the last one walked. The rows go to the transaction's setting axa.picked.
 # - CLAIM_LIMITED, a new statement with a new snapshot that sees every claim committed
 #   under the pair's lock before, counts each pair's running rows and claims at most
 #   the rest of its limit of the rows held. Counting in the statement that takes the
 #   lock would be racy: its snapshot predates the lock. Rows held and not claimed are
 #   let go at COMMIT, still queued.
-# Running rows are counted from the table itself, so a slot comes back whenever its row
-# stops running: finished, failed, or rescued with a dead worker's lease. Pairs are
-# walked per name over axa_queue_claim_limited (a skip scan), from where the last claim
-# stopped and wrapping round, so a held-back key never blocks the keys behind it.
+# The counts only choose which pairs to walk; the slots are counted from axa_queue
+# itself, so a limit is exact whatever the counts say, and a slot comes back whenever
+# its row stops running: finished, failed, or rescued with a dead worker's lease.
 LOCK_NAMESPACE = 0x0A7A0001
 RATE_NAMESPACE = 0x0A7A0002
+# Deltas of transactions older than the last fold's snapshot (its xmin: all ended by
+# then) were folded by it, so a fold reads from there on (%(since)s, '0' for all): the
+# dead rows left by earlier folds are not stepped over again. It returns its own xmin.
+FOLD = """
+WITH taken AS (
+    DELETE FROM axa_flow_delta WHERE id = ANY(ARRAY(
+        SELECT id FROM axa_flow_delta WHERE xid >= %(since)s::xid8 FOR UPDATE SKIP LOCKED))
+    RETURNING name, key, queued, running
+), folded AS (
+    INSERT INTO axa_flow_key AS k (name, key, queued, running)
+    SELECT name, key, sum(queued), sum(running) FROM taken GROUP BY name, key ORDER BY name, key
+    ON CONFLICT (name, key) DO UPDATE SET queued = k.queued + EXCLUDED.queued, running = k.running + EXCLUDED.running
+)
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text
+"""
+# Only a pair at exactly nothing is dropped: a delta folded later re-creates it from 0.
+DROP_IDLE = """
+DELETE FROM axa_flow_key WHERE (name, key) IN (
+    SELECT name, key FROM axa_flow_key WHERE queued = 0 AND running = 0 FOR UPDATE SKIP LOCKED
+)
+"""
+_FREE_PAIRS = """
+    SELECT n.name, n.cap, w.key, w.part, row_number() OVER () AS step
+    FROM unnest({limited}::text[], {caps}) AS n(name, cap) CROSS JOIN LATERAL (
+        SELECT * FROM (
+            (SELECT key, 1 AS part FROM axa_flow_key
+             WHERE name = n.name AND queued > 0 AND running = 0 AND key >= %(start)s ORDER BY key LIMIT %(reach)s)
+            UNION ALL
+            (SELECT key, 2 AS part FROM axa_flow_key
+             WHERE name = n.name AND queued > 0 AND running = 0 AND key < %(start)s ORDER BY key LIMIT %(reach)s)
+            UNION ALL
+            (SELECT key, 3 AS part FROM axa_flow_key
+             WHERE name = n.name AND queued > 0 AND running > 0 AND running < n.cap ORDER BY running, key
+             LIMIT %(reach)s)
+        ) AS free LIMIT %(reach)s
+    ) AS w"""
 _PAIR_WALK = """
     SELECT n.name, n.cap, w.key FROM unnest({limited}::text[], {caps}) AS n(name, cap) CROSS JOIN LATERAL (
         WITH RECURSIVE walk AS (
@@ -65,11 +111,14 @@ def _lock(namespace: int, name: str, key: str) -> str:
 
 _BUSY = """(SELECT count(*) FROM axa_queue r
         WHERE r.status = 'running' AND r.concurrency_key = {key} AND r.name = {name})"""
-# The last key with rows is returned for the next claim to start from.
+# The walk is referenced twice, so it is computed once, whole (at most %(reach)s pairs
+# a name). The key to start the next claim from: the last one rows were picked from,
+# else the last one walked with none running (past pairs that gave nothing).
 LIMITED_PICK = f"""
-WITH picked AS MATERIALIZED (
-    SELECT c.id, walked.name, walked.key, walked.cap, c.priority, c.run_at, row_number() OVER () AS n
-    FROM {_walks("concurrency_key")} AS walked
+WITH walked AS ({_FREE_PAIRS}
+), picked AS MATERIALIZED (
+    SELECT c.id, walked.name, walked.key, walked.cap, c.priority, c.run_at, walked.step AS n
+    FROM walked
     CROSS JOIN LATERAL (
         SELECT count(*) AS busy FROM axa_queue r
         WHERE r.status = 'running' AND r.concurrency_key = walked.key AND r.name = walked.name
@@ -87,7 +136,8 @@ WITH picked AS MATERIALIZED (
     LIMIT %(limit)s
 )
 SELECT set_config('axa.picked', COALESCE((SELECT jsonb_agg(to_jsonb(picked)) FROM picked), '[]')::text, true),
-    (SELECT key FROM picked ORDER BY n DESC LIMIT 1)
+    COALESCE((SELECT key FROM picked ORDER BY n DESC LIMIT 1),
+        (SELECT key FROM walked WHERE part < 3 ORDER BY step DESC LIMIT 1))
 """
 # Rows are claimed ahead of free threads as by CLAIM (%(ahead)s): a row waiting in the
 # worker holds its slot, for no longer than the worker's claim-ahead horizon. The ids

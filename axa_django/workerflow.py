@@ -40,8 +40,12 @@ ADOPT_SECONDS = 60.0
 # backlog of limited jobs paid an empty plain claim on every claim. So a scheduled job
 # falling due while the worker drains another kind waits up to this long.
 QUIET_RECHECK = 1.0
+# How often a fold of the per-pair counts reads every delta, not only those of
+# transactions since the last fold (see _fold_since).
+FULL_FOLD_SECONDS = 60.0
 # How many keys of a name a claim may walk past for each pair it wants: pairs other
-# workers hold, or with no slot free, are passed over up to this many times the want.
+# workers hold, or whose rows wait for their run_at or sit in a paused queue, are passed
+# over up to this many times the want (pairs with no slot free are not walked at all).
 REACH = 8
 
 
@@ -57,6 +61,11 @@ class FlowLoops:
         self._watchdog_wake = threading.Event()
         # Where the next walk over limited pairs starts (round robin), per kind of limit.
         self._pair_start: dict[str, str] = {}
+        # The xmin of the last fold of the per-pair counts (sqlflow.FOLD): the next reads
+        # deltas from there on; from the start ('0') on a new connection and once a
+        # minute, in case a fold that skipped deltas another was folding outlived it.
+        self._fold_since = "0"
+        self._next_full_fold = 0.0
         self._flow_sql: dict[str, tuple[str, str]] = {}  # kind -> (pair walk, claim), composed once
         self._quiet: dict[str, float] = {}  # kind -> time.monotonic() its last claim came back empty
         self._stirs = 0  # how often _stir ran, so that a claim can tell it was stirred meanwhile
@@ -132,7 +141,17 @@ class FlowLoops:
             # run in one (the extended protocol's implicit transaction; no BEGIN or COMMIT
             # to send: measured 2.3 -> 1.3 ms a claim). The claim reads what the walk
             # locked from axa.picked or axa.pairs, transaction-local settings.
-            with conn.pipeline():
+            fold = None
+            with conn.pipeline() as pipeline:
+                if not rate:
+                    # The per-pair counts the walk goes by, brought up to date in a
+                    # transaction of their own (the Sync ends it), in the same round trip.
+                    now = time.monotonic()
+                    if now >= self._next_full_fold:
+                        self._fold_since, self._next_full_fold = "0", now + FULL_FOLD_SECONDS
+                    fold = conn.execute(sqlflow.FOLD, {"since": self._fold_since})
+                    conn.execute(sqlflow.DROP_IDLE)
+                    pipeline.sync()
                 # A rate claim locks its pairs (then takes one row of each whose token is
                 # due), a concurrency claim the rows themselves.
                 want = max(4, limit) if rate else limit
@@ -140,6 +159,8 @@ class FlowLoops:
                 found = conn.execute(pairs_sql, walk)
                 claimed = conn.execute(claim_sql, params)
                 wait = conn.execute(sqlflow.RATE_WAIT) if rate else None
+            if fold is not None:
+                self._fold_since = (fold.fetchone() or ("0",))[0]
             last = found.fetchone()
             rows = claimed.fetchall()
             self._pair_start[kind] = last[1] if last and last[1] is not None else ""
@@ -149,6 +170,7 @@ class FlowLoops:
             return rows
         except psycopg.Error as error:
             logger.warning("claiming jobs with %s limits failed (%s); trying again shortly", kind, error)
+            self._fold_since = "0"
             if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
                 self._close(conn)
                 self._conn = None

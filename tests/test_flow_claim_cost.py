@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import time
+import uuid
 from typing import Any
 
 import psycopg
 import pytest
 from django.db import connection
 
-from axa_django import queues, sql
+from axa_django import queues, sql, sqlflow
 from axa_django.worker import Worker, connect
 from tests.conftest import AXA_APPS
 from tests.testapp import flow_jobs
@@ -41,6 +43,20 @@ def fill() -> None:
             [U, L, R, FINISHED, FINISHED + READY],
         )
         cursor.execute("ANALYZE axa_queue")
+    fold()
+
+
+SINCE = {"since": "0"}  # the last fold's xmin, from where a worker's next fold reads (see workerflow)
+
+
+def fold() -> str:
+    """Fold the per-key counts as a worker's claim does first (committed, as the worker's is); the fold's xmin."""
+    with connection.cursor() as cursor:
+        cursor.execute(sqlflow.FOLD, {"since": "0"})
+        (SINCE["since"],) = cursor.fetchone()
+        cursor.execute(sqlflow.DROP_IDLE)
+        cursor.execute("ANALYZE axa_flow_key")
+    return SINCE["since"]
 
 
 def buffers(plan: dict[str, Any]) -> int:
@@ -55,7 +71,11 @@ def explained(cursor: psycopg.Cursor[Any], query: str, params: dict[str, Any]) -
     (document,) = cursor.fetchone()
     top = (document if isinstance(document, list) else json.loads(document))[0]
     MILLISECONDS.append(float(top["Execution Time"]))
-    return buffers(top["Plan"]), json.dumps(top["Plan"])
+    plan = top["Plan"]
+    if query == sqlflow.FOLD:  # its data-modifying CTEs run apart: their buffers are not the top node's
+        apart = sum(buffers(node) for node in plan["Plans"] if node["Node Type"] == "ModifyTable")
+        return buffers(plan) + apart, json.dumps(plan)
+    return buffers(plan), json.dumps(plan)
 
 
 def claim_cost(query: str, params: dict[str, Any], walk: tuple[str, dict[str, Any]] | None = None) -> int:
@@ -64,6 +84,8 @@ def claim_cost(query: str, params: dict[str, Any], walk: tuple[str, dict[str, An
         total = 0
         if walk is not None:
             walk_sql, walk_params = walk
+            if "axa.picked" in walk_sql:  # a concurrency claim folds the counts first
+                total += explained_without_scan(cursor, sqlflow.FOLD, SINCE)
             total += explained_without_scan(cursor, walk_sql, walk_params)
             cursor.execute(walk_sql, walk_params)  # leaves what it found for the claim, in axa.picked or axa.pairs
             assert cursor.fetchone()[1] is not None, "the walk found nothing"
@@ -107,3 +129,81 @@ def test_claims_with_limits_rates_and_pauses_touch_at_most_twice_the_buffers_of_
     )
     assert limited <= 2 * plain and rated <= 2 * plain
     assert paused_plain <= 2 * plain and paused_queue_worker <= 2 * plain
+
+
+# Issue 21: keys held at their limit (a running row each, a follower queued at a higher
+# priority) sorting before the free ones hid them from the claim.
+HELD = int(os.environ.get("AXA_HELD_KEYS", "10000"))
+FREE_KEYS = [f"z{i}" for i in range(6)]
+P = flow_jobs.per_account.name
+
+
+def limited_claims(worker: Worker, rounds: int) -> tuple[int, list[float], list[str]]:
+    """Limited claims of 10 (fold, walk, claim) on one connection, each rolled back.
+
+    The buffers of the last one (explained), the milliseconds of each (not explained;
+    psycopg prepares the statements from the fifth on, as in a worker), the keys claimed.
+    """
+    pick, claim = worker._flow_statements("concurrency", {P: 1})
+    walk = {"start": "", "limit": 10, "reach": 80}
+    params = {"worker": worker.id, "limit": 10, "ahead": False}
+    times: list[float] = []
+    with connect("default", "test") as conn, conn.cursor() as cursor:
+        for _ in range(rounds):
+            with conn.transaction(force_rollback=True):
+                began = time.perf_counter()
+                for query, values in ((sqlflow.FOLD, SINCE), (sqlflow.DROP_IDLE, {}), (pick, walk), (claim, params)):
+                    cursor.execute(query, values)
+                times.append((time.perf_counter() - began) * 1000)
+        with conn.transaction(force_rollback=True):
+            total = explained_without_scan(cursor, sqlflow.FOLD, SINCE)
+            total += explained_without_scan(cursor, sqlflow.DROP_IDLE, {})
+            total += explained_without_scan(cursor, pick, walk)
+            cursor.execute(pick, walk)
+            total += explained_without_scan(cursor, claim, params)  # ANALYZE claims the rows
+            cursor.execute("SELECT concurrency_key FROM axa_queue WHERE worker_id = %s ORDER BY 1", [worker.id])
+            return total, times, [key for (key,) in cursor.fetchall()]
+
+
+def test_keys_held_at_their_limit_cost_the_limited_claim_nothing_however_many_sort_first() -> None:
+    worker = Worker(install_signals=False)
+    worker.id = uuid.uuid4()
+    with connection.cursor() as cursor:
+        # HELD keys sorting before the free ones, each with a holder (priority 11) and a
+        # follower (10); all but 10 finished for the first claim, held for the second.
+        cursor.execute(
+            "INSERT INTO axa_queue (id, name, args, status, priority, concurrency_key) "
+            "SELECT gen_random_uuid(), %s, '{}', CASE WHEN i > 10 THEN 'completed' WHEN p = 11 THEN 'running' "
+            "ELSE 'queued' END, p, 'h' || lpad(i::text, 6, '0') "
+            "FROM generate_series(1, %s) AS i CROSS JOIN unnest(ARRAY[11, 10]) AS p",
+            [P, HELD],
+        )
+        cursor.execute(
+            "INSERT INTO axa_queue (id, name, args, concurrency_key) "
+            "SELECT gen_random_uuid(), %s, '{}', k FROM unnest(%s::text[]) AS k",
+            [P, FREE_KEYS],
+        )
+        cursor.execute("ANALYZE axa_queue")
+    fold()
+    few, _, claimed = limited_claims(worker, 0)
+    assert claimed == FREE_KEYS
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE axa_queue SET status = CASE WHEN priority = 11 THEN 'running' ELSE 'queued' END "
+            "WHERE name = %s AND status = 'completed'",
+            [P],
+        )
+        cursor.execute("ANALYZE axa_queue")
+    fold()
+    many, times, claimed = limited_claims(worker, 12)
+    assert claimed == FREE_KEYS, f"a claim of 10 behind {HELD:,} held-back keys took {claimed}"
+    warm = sorted(times[5:])
+    print(
+        f"\nlimited claim of 10 (fold, walk, claim), 6 free keys behind held-back ones: 10 held {few} buffers; "
+        f"{HELD:,} held {many} buffers, median {warm[len(warm) // 2]:.2f} ms "
+        f"(min {warm[0]:.2f}, max {warm[-1]:.2f}) of {len(warm)} prepared"
+    )
+    # Held-back keys are not walked: behind 10,000 a claim touches about what it does
+    # behind 10 (the old walk stepped over 80 of them and found nothing); the rest is
+    # deeper indexes and the counters' old index entries, until a vacuum.
+    assert many <= few * 3 // 2, (few, many)

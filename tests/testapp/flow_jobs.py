@@ -136,3 +136,13 @@ def five_per_second(api: str, token: str = "", log: str | None = None) -> str:
 @background_job(rate="2/m")
 def two_per_minute(token: str = "") -> str:
     return token
+
+
+@background_job(concurrency=1, concurrency_key=lambda account, **_: account)
+def per_account(account: str, gate: str = "", log: str | None = None) -> str:
+    """One at a time per ``account``; runs until the file ``gate`` exists (a slot held as long as the test wants)."""
+    start = time.time()
+    while gate and not os.path.exists(gate):
+        time.sleep(0.05)
+    mark(log, f"per {account} {account} {start:.6f} {time.time():.6f}")
+    return account

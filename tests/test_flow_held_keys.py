@@ -1,0 +1,96 @@
+"""Held-back keys never block free ones: a free key's job starts at once however many keys sort before it at their limit.
+
+Issue 21: with a key's one slot held and a follower queued, for 40 keys sorting first,
+a fleet of two workers of 22 threads started none of 6 jobs of other keys (the walk
+went over queued keys in order and gave up after a fixed number).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from axa_django import Job
+from tests.conftest import AXA_APPS, wait_for
+from tests.test_flow_concurrency import intervals, most_at_once
+from tests.testapp import flow_jobs
+
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
+
+PER = flow_jobs.per_account
+FREE = [f"z{i}" for i in range(6)]  # keys that sort after every held one
+
+
+def free_jobs_started_within(seconds: float, log: Path) -> float:
+    """Enqueue a job of each free key; how long until all have completed (fails past ``seconds``)."""
+    began = time.monotonic()
+    jobs = PER.perform_later_many([{"account": key, "log": str(log)} for key in FREE])
+    ids = [job.pk for job in jobs]
+    wait_for(
+        lambda: Job.objects.filter(pk__in=ids, status="completed").count() == len(FREE),
+        timeout=seconds,
+        what="the jobs of free keys to run while 1 slot of every other key is held",
+    )
+    return time.monotonic() - began
+
+
+def test_the_issues_fleet_runs_jobs_of_free_keys_behind_40_held_back_keys(workers, tmp_path) -> None:
+    gate, log = tmp_path / "gate", tmp_path / "log"
+    held = [f"k{i:02}" for i in range(40)]
+    high = PER.using(priority=10)
+    high.perform_later_many([{"account": key, "gate": str(gate), "log": str(log)} for key in held])
+    procs = [workers.start("--concurrency", "22") for _ in range(2)]
+    wait_for(lambda: Job.objects.filter(status="running").count() == 40, what="40 keys to hold their slot")
+    high.perform_later_many([{"account": key, "gate": str(gate), "log": str(log)} for key in held])
+    seconds = free_jobs_started_within(5.0, log)
+    assert Job.objects.filter(status="running").count() == 40
+    assert Job.objects.filter(status="queued").count() == 40  # the followers wait for their key
+    gate.touch()
+    wait_for(lambda: Job.objects.filter(status="completed").count() == 86, what="every job to run")
+    assert all(most_at_once(spans) == 1 for spans in intervals(log).values())
+    assert all(proc.poll() is None for proc in procs)
+    print(f"\n6 jobs of free keys behind 40 held-back keys, 2 workers x 22 threads: all done in {seconds:.2f}s")
+
+
+def hold_slots(keys: list[str]) -> None:
+    """Each key's one slot held by a running row of a live worker elsewhere, a follower queued behind it."""
+    holder = uuid.uuid4()
+    with connection.cursor() as cursor:
+        # Alive for the lease (a heartbeat ahead of the clock): its rows are not rescued.
+        cursor.execute(
+            "INSERT INTO axa_worker (id, hostname, pid, concurrency, queues, heartbeat_at) "
+            "VALUES (%s, 'holder', 0, %s, '[]', now() + interval '1 hour')",
+            [holder, len(keys)],
+        )
+    rows = PER.using(priority=10).perform_later_many([{"account": key} for key in keys])
+    Job.objects.filter(pk__in=[row.pk for row in rows]).update(status="running", worker_id=holder)
+    PER.using(priority=10).perform_later_many([{"account": key} for key in keys])
+
+
+@pytest.mark.parametrize("count", [2, 4])
+def test_1000_held_back_keys_do_not_delay_free_keys_on_several_workers(workers, tmp_path, count: int) -> None:
+    log = tmp_path / "log"
+    held = [f"k{i:04}" for i in range(1000)]
+    hold_slots(held)
+    for _ in range(count):
+        workers.start("--concurrency", "4")
+    wait_for(lambda: Job.objects.filter(status="completed").exists() or _registered() == count + 1)
+    seconds = free_jobs_started_within(5.0, log)
+    assert Job.objects.filter(status="running").count() == 1000
+    assert Job.objects.filter(status="queued").count() == 1000  # no follower took a held slot
+    # Slots come back: the holders finish, every follower runs, one per key at a time.
+    Job.objects.filter(status="running").update(status="completed")
+    with connection.cursor() as cursor:
+        cursor.execute("NOTIFY axa_queue")
+    wait_for(lambda: Job.objects.filter(status="completed").count() == 2006, what="every follower to run")
+    print(f"\n6 jobs of free keys behind 1,000 held-back keys, {count} workers: all done in {seconds:.2f}s")
+
+
+def _registered() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM axa_worker")
+        return cursor.fetchone()[0]
