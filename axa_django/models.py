@@ -454,6 +454,26 @@ class QueuePause(models.Model):
         return f"{self.queue} (paused)"
 
 
+class QueueLimit(models.Model):
+    """A queue's fleet-wide limit: at most ``max_running`` of its jobs run at once, across all workers."""
+
+    queue = models.TextField(primary_key=True)
+    max_running = models.IntegerField()
+    set_by = models.TextField(blank=True, db_default="")
+    set_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "axa_queue_limit"
+        ordering = ["queue"]
+        verbose_name = "queue limit"
+        verbose_name_plural = "queue limits"
+        default_permissions = ("view",)
+        constraints = [models.CheckConstraint(condition=models.Q(max_running__gt=0), name="axa_queue_limit_positive")]
+
+    def __str__(self) -> str:
+        return f"{self.queue} (at most {self.max_running} running)"
+
+
 class RateBucket(models.Model):
     """A rate-limited job's (name, key): the time its next start is due (a GCRA's theoretical arrival time)."""
 

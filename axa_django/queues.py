@@ -1,8 +1,10 @@
-"""Queues as a whole: pause and resume them, and list them with their counts and limits.
+"""Queues as a whole: pause and resume them, limit them fleet-wide, and list them with their counts and limits.
 
 A pause is a row of ``axa_paused_queue``: every worker's claim skips the queue while
 it exists (jobs already running finish), whatever host the worker runs on. Resuming
-deletes the row and notifies ``axa_queue``, so idle workers claim at once.
+deletes the row and notifies ``axa_queue``, so idle workers claim at once. A limit is a
+row of ``axa_queue_limit``: at most that many of the queue's jobs run at once across
+every worker (sqlqueues.py).
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from . import conf, registry, sql
-from .models import QueuePause
+from . import conf, registry, sql, sqlqueues
+from .models import QueueLimit, QueuePause
 from .selection import check_queue
 
 MAX_REASON = 1000
 
-__all__ = ["QueueInfo", "overview", "pause", "paused", "resume"]
+__all__ = ["QueueInfo", "limit", "limits", "overview", "pause", "paused", "resume", "unlimit"]
+
+MAX_RUNNING = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,8 @@ class QueueInfo:
     paused_at: datetime.datetime | None = None
     # Job names whose default queue this is, and what limits them (timeout, concurrency, rate).
     limits: list[str] = field(default_factory=list)
+    # The queue's fleet-wide limit (at most this many of its jobs running at once), if any.
+    max_running: int | None = None
 
 
 def _reason(reason: object) -> str:
@@ -68,6 +74,39 @@ def resume(queue: str, *, using: str | None = None) -> bool:
         cursor.execute(sql.RESUME, {"queue": queue})
         row = cursor.fetchone()
     return bool(row and row[0])
+
+
+def limit(queue: str, max_running: int, *, by: str = "", using: str | None = None) -> int | None:
+    """Let at most ``max_running`` jobs of ``queue`` run at once across every worker; return the previous limit.
+
+    Jobs already running go on; workers wake at once, so a raised limit is used at once.
+    """
+    queue, by = check_queue(queue), _reason(by)
+    if type(max_running) is not int or not 0 < max_running <= MAX_RUNNING:
+        raise ValueError(
+            f"max_running must be a whole number from 1 to {MAX_RUNNING}, not {max_running!r}; "
+            "to stop a queue use pause(), to lift its limit unlimit()"
+        )
+    alias = using or conf.get("DATABASE")
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(sqlqueues.SET_LIMIT, {"queue": queue, "max_running": max_running, "by": by})
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def unlimit(queue: str, *, using: str | None = None) -> int | None:
+    """Lift ``queue``'s fleet-wide limit and wake idle workers; return the limit it had (None: it had none)."""
+    queue = check_queue(queue)
+    alias = using or conf.get("DATABASE")
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(sqlqueues.REMOVE_LIMIT, {"queue": queue})
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def limits(*, using: str | None = None) -> dict[str, int]:
+    """The queues with a fleet-wide limit: queue name -> at most this many running."""
+    return dict(QueueLimit.objects.using(using or conf.get("DATABASE")).values_list("queue", "max_running"))
 
 
 def paused(*, using: str | None = None) -> dict[str, QueuePause]:
@@ -108,9 +147,10 @@ def overview(*, using: str | None = None) -> list[QueueInfo]:
         )
         counts = {queue: (ready, running) for queue, ready, running in cursor.fetchall()}
     pauses = paused(using=alias)
-    limits = _limits()
+    caps = limits(using=alias)
+    described = _limits()
     queues = []
-    for name in sorted(set(counts) | set(pauses) | set(limits)):
+    for name in sorted(set(counts) | set(pauses) | set(described) | set(caps)):
         ready, running = counts.get(name, (0, 0))
         pause_row = pauses.get(name)
         queues.append(
@@ -121,7 +161,8 @@ def overview(*, using: str | None = None) -> list[QueueInfo]:
                 pause_row is not None,
                 pause_row.reason if pause_row else "",
                 pause_row.paused_at if pause_row else None,
-                limits.get(name, []),
+                described.get(name, []),
+                caps.get(name),
             )
         )
     return queues
@@ -133,6 +174,7 @@ def format_table(queues: list[QueueInfo]) -> str:
     for q in queues:
         reason = " ".join(q.reason.split())  # one line, whatever the reason holds
         state = "paused" + (f" ({reason})" if reason else "") if q.paused else "active"
-        lines.append([q.name, str(q.ready), str(q.running), state, "; ".join(q.limits) or "-"])
+        said = ([f"at most {q.max_running} running"] if q.max_running is not None else []) + q.limits
+        lines.append([q.name, str(q.ready), str(q.running), state, "; ".join(said) or "-"])
     widths = [max(len(row[i]) for row in lines) for i in range(len(lines[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in lines)

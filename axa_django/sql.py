@@ -87,6 +87,14 @@ WHERE status = 'queued' AND run_at > now() {queue_filter} {paused}
 # Rust worker, knows nothing of pauses.)
 PAUSED_ONE = "AND queue = {slot} AND NOT EXISTS (SELECT FROM axa_paused_queue p WHERE p.queue = {slot})"
 PAUSED_ANY = "AND COALESCE(queue <> ALL(ARRAY(SELECT p.queue FROM axa_paused_queue p)), true)"
+# The plain CLAIM's walks also pass over queues with a fleet-wide limit (axa_queue_limit):
+# sqlqueues.py claims those, counting each queue's running rows under its lock. Read in
+# the statement itself, a limit set a moment ago holds for every worker at once.
+HELD_ONE = PAUSED_ONE + " AND NOT EXISTS (SELECT FROM axa_queue_limit l WHERE l.queue = {slot})"
+HELD_ANY = (
+    "AND COALESCE(queue <> ALL(ARRAY(SELECT p.queue FROM axa_paused_queue p "
+    "UNION ALL SELECT l.queue FROM axa_queue_limit l)), true)"
+)
 
 _SLOT = re.compile(r"\{(names|backends|queue_\d+|queues|limited)\}")
 
@@ -103,9 +111,9 @@ def compose(
     it alone while binding the statement's own parameters.
     """
     values: dict[str, Any] = {"names": names, "backends": backends, "queues": queues or [], "limited": limited or []}
-    filters = [PAUSED_ANY]
+    filters = [HELD_ANY]
     if queues:
-        filters = [PAUSED_ONE.format(slot=f"{{queue_{index}}}") for index in range(len(queues))]
+        filters = [HELD_ONE.format(slot=f"{{queue_{index}}}") for index in range(len(queues))]
         values.update({f"queue_{index}": queue for index, queue in enumerate(queues)})
     walks = [walk.replace("{queue}", f) for walk in (_NAME_WALK, _BACKEND_WALK) for f in filters]
     text = template.replace("{walks}", "\n    UNION ALL".join(walks))

@@ -40,6 +40,7 @@ from .execution import (
     perform,
 )
 from .logs import plural, summary
+from .queuelimits import QueueClaim
 from .selection import UnknownJobs, check_names, check_queue
 from .workerdb import (
     COALESCE,
@@ -155,6 +156,7 @@ class Worker(Connections, Loops, FlowLoops):
         self._signals = 0
         self._signal_queue: queue_module.SimpleQueue[int | None] = queue_module.SimpleQueue()
         self._statements: dict[tuple[str, tuple[str, ...]], str] = {}
+        self._queue_claims: dict[tuple[str, ...], QueueClaim] = {}  # by the names it claims
         # The first look waits a lease: workers started together have all registered by then.
         self._next_unhandled = time.monotonic() + self.lease
         self._next_rescue = 0.0
@@ -409,6 +411,8 @@ class Worker(Connections, Loops, FlowLoops):
         rows = self._claim_limited(names, limit, free, ahead)
         limited = self._limited_names(names)
         fast = [name for name in names if name not in limited]
+        if len(rows) < min(limit, free) and (fast or self.backends) and self._due("queues"):
+            rows += self._quieted("queues", self._claim_queues(fast, min(limit, free) - len(rows)), self._stirs)
         if len(rows) < limit and (fast or self.backends) and self._due("plain"):
             stirs = self._stirs
             params = {"worker": self.id, "limit": limit - len(rows), "ahead": ahead}
@@ -431,6 +435,24 @@ class Worker(Connections, Loops, FlowLoops):
         for job, row in zip(jobs, rows, strict=True):
             self._watch(job, function=registry.get(job.name), timeout=row[10], claimed_at=row[11])
         return jobs
+
+    def _claim_queues(self, names: list[str], limit: int) -> list[tuple[Any, ...]]:
+        """Claim up to ``limit`` rows of queues with a fleet-wide limit (queuelimits.py), for free threads."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            return []
+        key = tuple(names)
+        if key not in self._queue_claims:
+            self._queue_claims[key] = QueueClaim(self.id, names, self.backends, self.queues)
+        try:
+            return self._queue_claims[key].claim(conn, limit)
+        except psycopg.Error as error:
+            logger.warning("claiming jobs of limited queues failed (%s); trying again shortly", error)
+            if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
+                self._close(conn)
+                self._conn = None
+            self._aborting.wait(0.2)
+            return []
 
     def _mark_started(self) -> None:
         """Write started_at of claimed-ahead jobs running past MARK_AFTER: a lost worker then counts them a loss."""

@@ -16,6 +16,7 @@ TABLES = (
     "axa_worker",
     "axa_schedule",
     "axa_paused_queue",
+    "axa_queue_limit",
     "axa_rate_bucket",
     "axa_dependency",
     "axa_workflow",

@@ -16,6 +16,7 @@ ORDER = [
     "arguments",
     "sql",
     "sqlflow",
+    "sqlqueues",
     "signals",
     "dependencies",
     "context",
@@ -49,6 +50,7 @@ ORDER = [
     "listing",
     "queues",
     "housekeeping",
+    "queuelimits",
     # The worker process: its connections and its threads, then the dispatcher.
     "workerdb",
     "workerloops",
