@@ -619,6 +619,19 @@ def test_flow_control_page():
             call_command(*argv[1:], stdout=out)
         text = out.getvalue()
         assert "queue 'emails' paused" in text and "queue 'emails' resumed" in text and "QUEUE" in text
+        ns = page.run("from axa_django import queues #2")
+        assert ns["queues"].limits() == {}  # set, read back and lifted
+        out = io.StringIO()
+        limit_block = page.block(
+            "python manage.py queues limit reports 4      "
+            "# queue 'reports': at most 4 running across all workers (was: no limit)"
+        )
+        for argv in check_shell(limit_block.code):
+            call_command(*argv[1:], stdout=out)
+        assert out.getvalue().splitlines() == [
+            "queue 'reports': at most 4 running across all workers (was: no limit)",
+            "queue 'reports': no limit across all workers (was: at most 4 running)",
+        ]
 
 
 # -- docs/workflows.md ---------------------------------------------------------------------
