@@ -19,8 +19,14 @@ def plural(count: int, word: str, words: str | None = None) -> str:
 
 
 def summary(attempts: int, outcomes: Mapping[str, int]) -> str:
-    """``3 attempts: 2 completed, 1 to be retried``: attempts, then what became of them."""
-    words = {"completed": "completed", "failed": "failed", "cancelled": "cancelled", "queued": "to be retried"}
+    """``3 attempts: 2 completed, 1 queued again after an error``: attempts, then what became of them."""
+    # "queued": the attempt raised and the row went back to the queue; say what happened, promise nothing.
+    words = {
+        "completed": "completed",
+        "failed": "failed",
+        "cancelled": "cancelled",
+        "queued": "queued again after an error",
+    }
     parts = [f"{outcomes[status]} {word}" for status, word in words.items() if outcomes.get(status)]
     return plural(attempts, "attempt") + (": " + ", ".join(parts) if parts else "")
 
@@ -28,10 +34,15 @@ def summary(attempts: int, outcomes: Mapping[str, int]) -> str:
 def attempt_line(
     name: str, job_id: object, attempt: int, max_attempts: int | None, seconds: float, status: str, delay: float
 ) -> None:
-    """Log one finished attempt on ``axa_django.jobs`` at INFO."""
-    outcome = f"retry in {delay:g}s" if status == "queued" else status
+    """Log one finished attempt on ``axa_django.jobs`` at INFO: ``failed in 0.004s, next attempt in 2.0s``."""
     of = f"/{max_attempts}" if max_attempts else ""
-    jobs_logger.info("job %s %s attempt %d%s: %s in %.3fs", name, job_id, attempt, of, outcome, seconds)
+    if status == "queued":
+        then = "at once" if delay <= 0 else f"in {delay:.1f}s"
+        jobs_logger.info(
+            "job %s %s attempt %d%s: failed in %.3fs, next attempt %s", name, job_id, attempt, of, seconds, then
+        )
+    else:
+        jobs_logger.info("job %s %s attempt %d%s: %s in %.3fs", name, job_id, attempt, of, status, seconds)
 
 
 def configured(name: str = "axa_django") -> bool:

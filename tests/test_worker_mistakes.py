@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from axa_django import sql, unhandled
+from axa_django import logs, sql, unhandled
 from axa_django.selection import UnknownJobs
 from axa_django.unhandled import Unhandled
 from axa_django.worker import Worker
@@ -269,6 +269,18 @@ def test_runworker_under_a_root_handler_prints_each_line_once(workers):
     assert output.count(f"job tests.testapp.workermistakes_jobs.chatty {job.pk} attempt 1: completed in ") == 1
 
 
+def test_the_attempt_line_says_the_outcome_then_when_the_next_attempt_runs(caplog):
+    caplog.set_level(logging.INFO, logger="axa_django.jobs")
+    logs.attempt_line("shop.jobs.send", "j1", 1, 3, 0.0012, "queued", 2.5)
+    logs.attempt_line("shop.jobs.send", "j1", 2, 3, 0.0041, "completed", 0.0)
+    logs.attempt_line("shop.jobs.send", "j2", 1, None, 0.5, "failed", 0.0)
+    assert caplog.messages == [
+        "job shop.jobs.send j1 attempt 1/3: failed in 0.001s, next attempt in 2.5s",
+        "job shop.jobs.send j1 attempt 2/3: completed in 0.004s",
+        "job shop.jobs.send j2 attempt 1: failed in 0.500s",
+    ]
+
+
 def test_the_worker_counts_attempts_and_says_handler_in_the_singular(caplog, log_file):
     caplog.set_level(logging.INFO, logger="axa_django")
     jobs.add.perform_later(1)
@@ -277,8 +289,13 @@ def test_the_worker_counts_attempts_and_says_handler_in_the_singular(caplog, log
     worker = Worker(concurrency=1, burst=True, install_signals=False, log_attempts=True)
     assert worker.run() == 0
     text = caplog.text
-    assert "stopped after 5 attempts: 2 completed, 1 failed, 2 to be retried" in text
-    assert f"job tests.testapp.jobs.flaky {flaky.pk} attempt 1/3: retry in 0s in " in text
+    # What happened, in the order it happened: no "to be retried", no "retry in 0s in 0.001s".
+    assert "stopped after 5 attempts: 2 completed, 1 failed, 2 queued again after an error" in text
+    assert re.search(
+        rf"job tests\.testapp\.jobs\.flaky {flaky.pk} attempt 1/3: failed in \d+\.\d{{3}}s, next attempt at once$",
+        text,
+        re.M,
+    ), text
     assert f"job tests.testapp.jobs.flaky {flaky.pk} attempt 3/3: completed in " in text
     caplog.clear()
     assert Worker(names=["CountWorker"], burst=True, install_signals=False).run() == 0
