@@ -32,7 +32,15 @@ from .admin_display import (
     thousands,
     yes_no,
 )
-from .admin_lists import JobChangeList, NameFilter, QueueFilter, _registered_queues, refuse_nul, search_jobs
+from .admin_lists import (
+    FailedJobChangeList,
+    JobChangeList,
+    NameFilter,
+    QueueFilter,
+    _registered_queues,
+    refuse_nul,
+    search_jobs,
+)
 from .admin_workflows import JobWorkflowFields, WorkflowAdmin
 from .models import FailedJob, Job, QueueDashboard, QueuePause
 from .pagination import EstimatedCountPaginator
@@ -265,6 +273,9 @@ class FailedJobAdmin(JobAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return super().get_queryset(request).filter(status=Job.Status.FAILED)
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return FailedJobChangeList
 
     @admin.display(description="failed at", ordering="finished_at")
     def failed_at(self, job: Job) -> SafeString:

@@ -14,7 +14,7 @@ from django.utils.safestring import SafeString, mark_safe
 from .models import Job
 
 STATUS_ICONS = {
-    Job.Status.WAITING: "\u29d6",  # hourglass
+    Job.Status.WAITING: "\u2026",  # ellipsis: in every font, where U+29D6 (an hourglass) often shows as a box
     Job.Status.QUEUED: "\u25f7",  # clock
     Job.Status.RUNNING: "\u25b6",  # play
     Job.Status.COMPLETED: "\u2714",  # check

@@ -7,11 +7,13 @@ import uuid
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.utils import quote
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import Q, QuerySet
 from django.db.models.fields.json import KT
 from django.db.models.functions import Left, Right
 from django.http import HttpRequest, HttpResponseBadRequest, QueryDict
+from django.urls import reverse
 
 from . import registry
 from .admin_display import thousands
@@ -119,3 +121,12 @@ class JobChangeList(ChangeList):
     def result_count_shown(self) -> str:
         """The count as the search bar and the paginator both say it: "about 300,000" when estimated."""
         return ("about " if self.estimated else "") + thousands(self.result_count)
+
+
+class FailedJobChangeList(JobChangeList):
+    """The failed jobs: each row opens the job's own page, not the failed list's URL that redirects there."""
+
+    def url_for_result(self, result: Any) -> str:
+        return reverse(
+            "admin:axa_django_job_change", args=(quote(result.pk),), current_app=self.model_admin.admin_site.name
+        )

@@ -208,6 +208,24 @@ def test_a_failed_job_link_opens_the_job_detail(admin_client: Client) -> None:
     assert response.status_code == 302 and response["Location"] == change_url(job)
 
 
+def test_the_failed_lists_row_links_open_the_job_page_without_a_redirect(admin_client: Client) -> None:
+    job = make_job("failed")
+    for query in ("", "?name=tests.testapp.jobs.add"):
+        html = admin_client.get(FAILED + query).content.decode()
+        [link] = re.findall(r'<th class="field-short_id"><a href="([^"]+)"', html)
+        assert link.split("?")[0] == change_url(job), link
+        response = admin_client.get(link.replace("&amp;", "&"))
+        assert response.status_code == 200 and str(job.pk) in response.content.decode()
+
+
+def test_the_waiting_badge_uses_a_glyph_common_fonts_have(admin_client: Client) -> None:
+    make_job("waiting")
+    html = admin_client.get(JOBS).content.decode()
+    # U+29D6 (an hourglass) shows as an empty box in many fonts; an ellipsis is in all of them.
+    assert '<span class="axa-badge axa-waiting" title="waiting">\u2026 Waiting</span>' in html
+    assert "\u29d6" not in html
+
+
 # The detail page.
 
 
