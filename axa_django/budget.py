@@ -7,6 +7,8 @@ from typing import Any
 
 from django.db import connections
 
+from . import conf
+
 # The worker's own connections: dispatcher, heartbeat, finisher, and the listener when it listens.
 OWN = ("dispatcher", "heartbeat", "finisher", "listener")
 # Kept free for web processes, migrations, psql and the admin: a fifth of what the server
@@ -45,7 +47,8 @@ def start_line(concurrency: int, listens: bool) -> str:
     return (
         f"this worker holds up to {own + more} database connections: {own} of its own ({names}), one per job "
         f"thread ({concurrency}) while its jobs use the database, and {EXTRA} for periodic jobs and pruning; size "
-        "max_connections for every worker (docs/operations.md, Sizing)"
+        f"max_connections for every worker (python manage.py check --database {conf.alias_as_written()} warns when "
+        "they do not fit)"
     )
 
 
@@ -92,8 +95,9 @@ def warning_text(found: Fleet) -> tuple[str, str]:
         f"{found.usable} this server allows (max_connections {found.max_connections} minus {found.reserved} "
         f"reserved; {found.in_use} in use now)."
     )
+    # Said in full: an installed wheel has no docs/ to point to.
     hint = (
-        "Raise max_connections, lower --concurrency or run fewer workers, or put a session-mode pooler in front; "
-        "see docs/operations.md, Sizing."
+        "Raise max_connections, lower --concurrency or run fewer workers, or put a pooler in front (session mode, "
+        "or transaction mode with AXA_DJANGO = {'TRANSACTION_POOLING': True})."
     )
     return message, hint

@@ -769,7 +769,7 @@ def test_operations_page(workers):
         proc = workers.start("--burst", "--concurrency", "8", env=workers.env(AXA_LOG_LEVEL="INFO"))
         assert proc.wait(timeout=60) == 0
         said = page.block(
-            "this worker holds up to 13 database connections: 4 of its own (dispatcher, heartbeat, finisher, listener), one per job thread (8) while its jobs use the database, and 1 for periodic jobs and pruning; size max_connections for every worker (docs/operations.md, Sizing)"
+            "this worker holds up to 13 database connections: 4 of its own (dispatcher, heartbeat, finisher, listener), one per job thread (8) while its jobs use the database, and 1 for periodic jobs and pruning; size max_connections for every worker (python manage.py check --database default warns when they do not fit)"
         ).code
         assert said.strip() in proc.stdout.read()
         [argv] = check_shell(page.block("python manage.py check --database default").code)

@@ -1,5 +1,6 @@
 """The sdist and the wheel: built from this checkout (offline), holding what they should and nothing half-way."""
 
+import ast
 import re
 import subprocess
 import sys
@@ -85,3 +86,23 @@ def test_the_wheel_holds_the_package_only_with_license_and_extras(dist):
     assert {"binary", "c", "embedded", "cron", "dev"} <= set(metadata.get_all("Provides-Extra"))
     requires = metadata.get_all("Requires-Dist")
     assert 'psycopg[binary]>=3.2; extra == "binary"' in requires and 'psycopg[c]>=3.2; extra == "c"' in requires
+
+
+def test_no_message_of_the_package_points_into_docs():
+    """An installed wheel has no docs/: a log line, error or hint that names a docs/ path sends users nowhere."""
+    found = []
+    for path in sorted((ROOT / "axa_django").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            text = node.value if isinstance(node, ast.Constant) and id(node) not in docstrings else None
+            if isinstance(text, str) and re.search(r"\bdocs/", text):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {text!r}")
+    assert not found, "messages naming a docs/ path:\n" + "\n".join(found)
