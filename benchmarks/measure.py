@@ -97,6 +97,47 @@ def tree_cpu(pids: Iterable[int]) -> float:
     return total / TICK
 
 
+def process_cpu(pid: int) -> float | None:
+    """Seconds of user+sys CPU of one process (not its children), or None once it is gone."""
+    fields = _stat(pid)
+    return (int(fields[11]) + int(fields[12])) / TICK if fields else None
+
+
+def local_ports(pids: Iterable[int]) -> set[int]:
+    """Local TCP ports of these processes' and their descendants' sockets (their backends' client_port)."""
+    tree = _children()
+    inodes: set[str] = set()
+    todo, seen = list(pids), set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        todo.extend(tree.get(pid, []))
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()  # sl local_address rem_address st ... uid timeout inode
+            if len(fields) > 9 and fields[9] in inodes:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 def machine_busy() -> float:
     """Seconds of non-idle CPU of the whole machine since boot (all cores)."""
     values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]

@@ -10,6 +10,8 @@ from benchmarks.peers.base import Tool
 
 
 class Peer(Tool):
+    table = "axa_queue"
+
     def __init__(self) -> None:
         super().__init__()
         os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
@@ -41,6 +43,20 @@ class Peer(Tool):
 
     def enqueue_many(self, ids: list[int]) -> None:
         self.job.perform_later_many([{"i": i} for i in ids])
+
+    def claim_statement(self, limit: int | None = None) -> tuple[str, list[str]] | None:
+        """The plain CLAIM as runworker composes it (names written in), for ``limit`` rows (4, the
+        default --concurrency), none ahead."""
+        from axa_django import sql
+        from axa_django.registry import registry
+        from axa_django.workerdb import task_backend_aliases
+
+        text = sql.compose(sql.CLAIM, sorted(registry), task_backend_aliases(), None)
+        for number, name in enumerate(("worker", "limit", "ahead"), 1):
+            text = text.replace(f"%({name})s", f"${number}")
+        if "%(" in text.replace("%%", ""):
+            raise RuntimeError("sql.CLAIM takes parameters other than worker, limit and ahead; update axa_peer")
+        return text.replace("%%", "%"), ["NULL", str(limit or 4), "false"]
 
     def worker_command(self) -> list[str]:
         return [sys.executable, "-m", "django", "runworker", *shlex.split(os.environ.get("BENCH_AXA_ARGS", ""))]

@@ -12,6 +12,7 @@ class Tool:
     """One queue under test; the database is the one DATABASE_URL names."""
 
     has_bulk = True
+    table = ""  # the table whose rows are the jobs (benchmarks/soak.py watches it)
 
     def __init__(self) -> None:
         self.url = os.environ["DATABASE_URL"]
@@ -32,6 +33,11 @@ class Tool:
     def worker_command(self) -> list[str]:
         """The tool's worker at its defaults, as a user would start it."""
         raise NotImplementedError
+
+    def claim_statement(self, limit: int | None = None) -> tuple[str, list[str]] | None:
+        """The worker's claim of ``limit`` jobs (None: its default) as SQL with $1.. parameters and their
+        values as SQL literals, for EXPLAIN; None when the tool's claim is out of reach."""
+        return None
 
     def enqueue_single(self, ids: list[int]) -> None:
         for i in ids:

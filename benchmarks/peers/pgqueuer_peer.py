@@ -42,6 +42,8 @@ async def create() -> AsyncIterator[Any]:
 
 
 class Peer(Tool):
+    table = "pgqueuer"
+
     def __init__(self) -> None:
         super().__init__()
         import asyncpg
@@ -92,6 +94,36 @@ class Peer(Tool):
             return sent
 
         return self.loop.run_until_complete(run())
+
+    def claim_statement(self, limit: int | None = None) -> tuple[str, list[str]] | None:
+        """The dequeue query as ``pgq run`` builds it at its defaults (batch 10, no limits, 30 s heartbeat)."""
+        import uuid
+        from datetime import timedelta
+
+        builder = getattr(self.queries, "qbq", None)
+        if builder is None or not hasattr(builder, "build_dequeue_query"):
+            return None  # another pgqueuer version: the soak leaves the claim's column out
+        query = builder.build_dequeue_query(
+            batch_size=limit or 10,
+            entrypoints=[ENTRYPOINT],
+            concurrency_limits=[0],
+            queue_manager_id=uuid.uuid4(),
+            global_concurrency_limit=None,
+            heartbeat_timeout=timedelta(seconds=30),
+        )
+
+        def literal(value: Any) -> str:
+            if isinstance(value, int):
+                return str(value)
+            if isinstance(value, list):
+                return "ARRAY[" + ", ".join(f"'{x}'" for x in value) + "]::text[]"
+            if isinstance(value, uuid.UUID):
+                return f"'{value}'::uuid"
+            if isinstance(value, timedelta):
+                return f"interval '{value.total_seconds()} seconds'"
+            raise TypeError(f"pgqueuer's dequeue takes a {type(value).__name__}; update pgqueuer_peer")
+
+        return query.sql, [literal(value) for value in query.args]
 
     def worker_command(self) -> list[str]:
         return [str(self.bin / "pgq"), "run", "benchmarks.peers.pgqueuer_peer:create"]
