@@ -10,20 +10,25 @@ from __future__ import annotations
 import asyncio
 import configparser
 import datetime
+import fnmatch
 import importlib.util
 import io
 import json
+import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tomllib
 import types
+import uuid
 from pathlib import Path
 from typing import Any
 
 import django
 import pytest
+import yaml
 from asgiref.sync import async_to_sync
 from django.contrib.auth.models import User
 from django.core import checks
@@ -68,12 +73,6 @@ SHAPE_ONLY: dict[tuple[str, str], str] = {
         "docs/example.md",
         "$ python manage.py demo --burst",
     ): "a transcript of demo --burst; tests/test_example.py checks it",
-    (
-        "docs/deployment.md",
-        "# /etc/systemd/system/shop-worker@.service  (systemctl enable --now shop-worker@1 shop-worker@2)",
-    ): ("a systemd unit"),
-    ("docs/deployment.md", "# compose.yaml"): "a compose file",
-    ("docs/deployment.md", "spec:"): "a Kubernetes pod spec",
     ("docs/upgrading.md", 'pip install --upgrade "axa-django[binary] @ git+https://github.com/OWNER/axa-django.git"'): (
         "pip install from the network"
     ),
@@ -101,6 +100,7 @@ ELSEWHERE: dict[tuple[str, str], str] = {
 # Pages with a test below; any other page's blocks must all be in SHAPE_ONLY or ELSEWHERE.
 PAGE_TESTS = {
     "README.md",
+    "docs/deployment.md",
     "docs/install.md",
     "docs/jobs.md",
     "docs/scheduling.md",
@@ -221,42 +221,8 @@ def _grace(command: list[str]) -> float:
 
 
 def parse_yaml(text: str) -> Any:
-    """The block-style YAML the docs use: mappings, ``- `` lists, flow lists, scalars, comments."""
-    rows = []
-    for raw in text.splitlines():
-        line = re.sub(r"(^|\s+)#.*$", "", raw).rstrip()
-        if line.strip():
-            rows.append((len(line) - len(line.lstrip()), line.strip()))
-
-    def scalar(value: str) -> Any:
-        if value.startswith("["):
-            return json.loads(value)
-        return int(value) if value.isdigit() else value
-
-    def node(index: int, indent: int) -> tuple[Any, int]:
-        if rows[index][1].startswith("- "):
-            items = []
-            while index < len(rows) and rows[index][0] == indent and rows[index][1].startswith("- "):
-                # "- name: x" opens a mapping whose keys sit two columns further in.
-                rows[index] = (indent + 2, rows[index][1][2:])
-                item, index = node(index, indent + 2)
-                items.append(item)
-            return items, index
-        mapping: dict[str, Any] = {}
-        while index < len(rows) and rows[index][0] == indent:
-            key, sep, value = rows[index][1].partition(":")
-            assert sep and key not in mapping, f"not a mapping entry: {rows[index][1]!r}"
-            if value.strip():
-                mapping[key], index = scalar(value.strip()), index + 1
-            else:
-                assert rows[index + 1][0] > indent or rows[index + 1][1].startswith("- ")
-                mapping[key], index = node(index + 1, rows[index + 1][0])
-        assert index == len(rows) or rows[index][0] < indent, f"bad indentation at {rows[index][1]!r}"
-        return mapping, index
-
-    document, end = node(0, 0)
-    assert end == len(rows)
-    return document
+    """A YAML block as compose, kubectl and Prometheus read it (PyYAML, the dev extra)."""
+    return yaml.safe_load(text)
 
 
 @pytest.mark.parametrize("key", sorted(SHAPE_ONLY), ids=lambda key: f"{key[0]}:{key[1][:40]}")
@@ -268,30 +234,6 @@ def test_shape_only_blocks(key):
         if block.lang == "":
             summary = re.search(r"^demo: .* completed, .*$", block.code, re.M)
             assert summary is None or re.search(r"demo: \d+ jobs, \d+ completed, \d+ failed in [\d.]+s", block.code)
-    elif block.lang == "ini":
-        unit = configparser.ConfigParser(interpolation=None, strict=True)
-        unit.optionxform = str  # systemd keys are case-sensitive
-        unit.read_string(block.code)
-        assert set(unit.sections()) == {"Unit", "Service", "Install"}
-        service = unit["Service"]
-        command = shlex.split(service["ExecStart"])
-        assert command[1:3] == ["manage.py", "runworker"]
-        runworker_argv(command[1:])
-        assert service["KillSignal"] == "SIGTERM" and service["Restart"] == "always"
-        assert float(service["TimeoutStopSec"]) > _grace(command)
-    elif block.lang == "yaml":
-        document = parse_yaml(block.code)
-        if first == "# compose.yaml":
-            worker = document["services"]["worker"]
-            command = shlex.split(worker["command"])
-            runworker_argv(command[1:])
-            assert float(worker["stop_grace_period"].removesuffix("s")) > _grace(command)
-            assert document["services"]["web"]["image"] == worker["image"]
-        else:
-            spec = document["spec"]
-            [container] = spec["containers"]
-            runworker_argv(container["command"][1:])
-            assert spec["terminationGracePeriodSeconds"] > _grace(container["command"])
     elif block.lang == "python":
         compile(block.code, page, "exec")  # at least it parses
     elif block.lang == "text" and page == "docs/performance.md":
@@ -381,6 +323,160 @@ def test_install_page(tmp_path):
             connection.settings_dict["HOST"],
             connection.settings_dict["PORT"],
         )
+
+
+# -- docs/deployment.md --------------------------------------------------------------------
+
+DEPLOY = "docs/deployment.md"
+ENV_FILE = "# /etc/shop/env  (EnvironmentFile= of both units; readable by root only, it holds secrets)"
+MIGRATE_UNIT = "# /etc/systemd/system/shop-migrate.service  (run once per deploy, below)"
+WORKER_UNIT = "# /etc/systemd/system/shop-worker@.service  (systemctl enable --now shop-worker@1 shop-worker@2)"
+DEPLOY_STEP = "systemctl start shop-migrate.service && systemctl restart 'shop-worker@*.service'"
+NOT_MIGRATED = "CommandError: the queue tables do not exist in database 'shop': run python manage.py migrate first"
+KUBERNETES = "# shop-worker.yaml  (kubectl apply -f shop-worker.yaml, once per release)"
+
+
+def systemd_unit(block: docs_examples.Block) -> tuple[str, configparser.ConfigParser]:
+    """(the file name its first line gives, the unit read as systemd reads keys: case-sensitive, each once)."""
+    first = re.fullmatch(r"# /etc/systemd/system/(\S+\.service)  \(.*\)", block.code.split("\n", 1)[0])
+    assert first, block.code
+    unit = configparser.ConfigParser(interpolation=None, strict=True)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]
+    unit.read_string(block.code)
+    return first.group(1), unit
+
+
+def systemd_verify(units: dict[str, str], directory: Path) -> None:
+    """``systemd-analyze verify`` the units (unknown keys, bad values), with paths this machine has."""
+    if shutil.which("systemd-analyze") is None:
+        return  # no systemd here: the configparser checks above still ran
+    for name, text in units.items():
+        text = text.replace("/srv/shop/.venv/bin/python", sys.executable).replace("/srv/shop", str(ROOT))
+        (directory / name).write_text(text)
+    verified = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", *(str(directory / name) for name in units)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # It exits 0 for unknown keys and bad values too, and says so on stderr.
+    assert verified.returncode == 0 and verified.stderr == "", verified.stderr
+
+
+def probe_passes(command: list[str], path: str, health_file: Path) -> bool:
+    """Run an exec probe as the kubelet would, the health file it names at ``health_file``."""
+    argv = [word.replace(path, str(health_file)) for word in command]
+    return subprocess.run(argv, capture_output=True, timeout=10).returncode == 0
+
+
+def check_health_file_probe(command: list[str], path: str, health_file: Path) -> None:
+    """The probe passes on a fresh health file a real worker wrote, fails on a stale one and on none."""
+    assert "jobhealth" not in " ".join(command)  # the whole queue's health: an alert, not a pod's probe
+    assert health_file.exists() and probe_passes(command, path, health_file)
+    fresh = health_file.stat().st_mtime
+    os.utime(health_file, (fresh - 600, fresh - 600))
+    assert not probe_passes(command, path, health_file)
+    os.utime(health_file, (fresh, fresh))
+    assert not probe_passes(command, path, health_file.with_name("never-written"))
+
+
+def migrate_argv(command: list[str]) -> list[str]:
+    """``python manage.py migrate ...`` (any python path), checked by migrate's own parser; without the python."""
+    assert Path(command[0]).name == "python" and command[1:3] == ["manage.py", "migrate"], command
+    _parser("migrate").parse_args(command[3:])
+    return command[1:]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_deployment_page(workers, tmp_path):
+    with open_page(DEPLOY) as page:
+        # systemd: a migrate unit and a worker template, reading one environment file.
+        env_file = page.block(ENV_FILE).code.splitlines()
+        variables = dict(line.split("=", 1) for line in env_file[1:])
+        assert set(variables) == {"DJANGO_SETTINGS_MODULE", "DATABASE_URL"}
+        codes = {}
+        units = {}
+        for key in (MIGRATE_UNIT, WORKER_UNIT):
+            name, unit = systemd_unit(page.block(key))
+            codes[name], units[name] = page.block(key).code, unit
+        migrate, worker = units["shop-migrate.service"], units["shop-worker@.service"]
+        for unit in (migrate, worker):
+            assert unit["Service"]["EnvironmentFile"] == env_file[0].split()[1]
+            assert unit["Service"]["User"] == migrate["Service"]["User"] == "shop"
+            assert unit["Service"]["WorkingDirectory"] == "/srv/shop"
+            assert "network-online.target" in unit["Unit"]["Wants"].split()
+            assert "network-online.target" in unit["Unit"]["After"].split()
+        assert migrate["Service"]["Type"] == "oneshot" and "Install" not in migrate  # run by the deploy step only
+        assert migrate_argv(shlex.split(migrate["Service"]["ExecStart"])) == ["manage.py", "migrate", "--noinput"]
+        service = worker["Service"]
+        command = shlex.split(service["ExecStart"])
+        runworker_argv(command[1:])
+        assert service["KillSignal"] == "SIGTERM" and service["Restart"] == "always"
+        assert float(service["TimeoutStopSec"]) > _grace(command)
+        assert "%i" in worker["Unit"]["Description"] and "shop-migrate.service" in worker["Unit"]["After"].split()
+        systemd_verify(codes, tmp_path)
+        [start, restart] = [shlex.split(part) for part in page.block(DEPLOY_STEP).code.strip().split("&&")]
+        assert start == ["systemctl", "start", "shop-migrate.service"]
+        assert restart[:2] == ["systemctl", "restart"] and fnmatch.fnmatch("shop-worker@2.service", restart[2])
+
+        health_file = tmp_path / "alive"  # for the Kubernetes probe below, written meanwhile
+        beating = workers.start("--burst", "--health-file", str(health_file))
+
+        # A worker on a database migrate never ran exits 2 saying so, and the unit does not restart it;
+        # the Kubernetes init container's migrate --check fails there until migrate has run.
+        assert service["RestartPreventExitStatus"] == "2"
+        name = f"axa_unmigrated_{uuid.uuid4().hex[:10]}"
+        with connection.cursor() as cursor:
+            cursor.execute(f"CREATE DATABASE {name}")
+        try:
+            env = workers.env()
+            env["DATABASE_URL"] = env["DATABASE_URL"].replace(f"/{connection.settings_dict['NAME']}", f"/{name}")
+            proc = workers.start("--burst", env=env)
+            check = subprocess.run(
+                [sys.executable, "-m", "django", "migrate", "--check"],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                timeout=60,
+            )
+            assert check.returncode == 1
+            assert proc.wait(timeout=60) == 2
+            assert NOT_MIGRATED.replace("'shop'", repr(name)) in proc.stdout.read().splitlines()
+            page.block(NOT_MIGRATED)
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+        # Compose: migrate runs to its end before web and worker start.
+        services = parse_yaml(page.block("# compose.yaml").code)["services"]
+        migrate_argv(shlex.split(services["migrate"]["command"]))
+        assert services["migrate"]["restart"] == "no"
+        command = shlex.split(services["worker"]["command"])
+        runworker_argv(command[1:])
+        assert float(services["worker"]["stop_grace_period"].removesuffix("s")) > _grace(command)
+        assert {s["image"] for s in services.values()} == {"shop"}
+        assert {s["env_file"] for s in services.values()} == {"shop.env"}
+        for service_name in ("web", "worker"):
+            assert services[service_name]["depends_on"] == {"migrate": {"condition": "service_completed_successfully"}}
+
+        # Kubernetes: a migrations Job; worker pods wait for it, and probe their own health file.
+        job, deployment = yaml.safe_load_all(page.block(KUBERNETES).code)
+        assert (job["apiVersion"], job["kind"]) == ("batch/v1", "Job")
+        assert (deployment["apiVersion"], deployment["kind"]) == ("apps/v1", "Deployment")
+        assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+        [migrate_container] = job["spec"]["template"]["spec"]["containers"]
+        migrate_argv(migrate_container["command"])
+        pod = deployment["spec"]["template"]
+        assert deployment["spec"]["selector"]["matchLabels"] == pod["metadata"]["labels"]
+        [wait] = pod["spec"]["initContainers"]
+        assert migrate_argv(wait["command"]) == ["manage.py", "migrate", "--check"]
+        [container] = pod["spec"]["containers"]
+        assert migrate_container["image"] == wait["image"] == container["image"]
+        argv = runworker_argv(container["command"][1:])
+        assert pod["spec"]["terminationGracePeriodSeconds"] > _grace(container["command"])
+        path = argv[argv.index("--health-file") + 1]
+        assert beating.wait(timeout=60) == 0
+        check_health_file_probe(container["readinessProbe"]["exec"]["command"], path, health_file)
 
 
 # -- docs/jobs.md ---------------------------------------------------------------------------
@@ -694,7 +790,7 @@ def _metric_names() -> set[str]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_operations_page(workers):
+def test_operations_page(workers, tmp_path):
     from django.urls import reverse
 
     from axa_django import conf as axa_conf
@@ -726,10 +822,8 @@ def test_operations_page(workers):
         [container] = spec["containers"]
         worker = runworker_argv(container["command"][1:])
         beat = worker[worker.index("--health-file") + 1]
-        assert beat in container["livenessProbe"]["exec"]["command"][2]
-        readiness = container["readinessProbe"]["exec"]["command"]
-        assert readiness[1:3] == ["manage.py", "jobhealth"]
-        _parser("jobhealth").parse_args(readiness[3:])
+        # Both probes are about this worker (its health file): run below on the file a worker writes.
+        probes = [container[probe]["exec"]["command"] for probe in ("livenessProbe", "readinessProbe")]
         # Metrics: the URLs, the settings, the scrape config, the sample scrape, the alerts.
         urls = page.module("# urls.py")
         with override_settings(ROOT_URLCONF=urls):
@@ -766,8 +860,13 @@ def test_operations_page(workers):
         options = dashboard_benchmark.parse_args(shlex.split(line)[2:])
         assert options.rows == 1_000_000
         # Sizing: the start line a worker of --concurrency 8 prints, and the database check.
-        proc = workers.start("--burst", "--concurrency", "8", env=workers.env(AXA_LOG_LEVEL="INFO"))
-        assert proc.wait(timeout=60) == 0
+        health_file = tmp_path / "alive"
+        proc = workers.start(
+            "--burst", "--concurrency", "8", "--health-file", str(health_file), env=workers.env(AXA_LOG_LEVEL="INFO")
+        )
+        assert proc.wait(timeout=60) == 0, proc.stdout.read()
+        for probe in probes:
+            check_health_file_probe(probe, beat, health_file)
         said = page.block(
             "this worker holds up to 13 database connections: 4 of its own (dispatcher, heartbeat, finisher, listener), one per job thread (8) while its jobs use the database, and 1 for periodic jobs and pruning; size max_connections for every worker (python manage.py check --database default warns when they do not fit)"
         ).code
