@@ -124,7 +124,7 @@ def test_immediate_a_timed_out_attempt_is_retried_per_max_attempts(tmp_path: Pat
 @IMMEDIATE
 def test_immediate_a_job_that_catches_job_timeout_and_returns_still_fails(tmp_path: Path) -> None:
     log = tmp_path / "log"
-    job = t.catches.perform_later(str(log))
+    job = t.catches.perform_later(OVERRUN, str(log))
     assert timed_out(job) and job.result is None
     assert log.read_text() == "caught\n"
 
@@ -152,7 +152,7 @@ def test_immediate_a_statement_running_at_the_deadline_is_cancelled() -> None:
 @pytest.mark.parametrize("round_", range(6))
 def test_immediate_a_job_stopped_inside_the_database_code_leaves_the_callers_transaction_usable(round_: int) -> None:
     # JobTimeout lands wherever the job is: in its atomic() blocks, Django's ORM, psycopg.
-    job = t.writes.perform_later(f"w{round_}-")
+    job = t.writes.perform_later(f"w{round_}-", OVERRUN)
     assert timed_out(job)
     assert in_test_transaction() and not connection.needs_rollback
     transaction_usable(f"after-writes-{round_}")
@@ -164,7 +164,7 @@ def test_immediate_an_async_job_stopped_while_it_queries_leaves_the_callers_tran
     round_: int, tmp_path: Path
 ) -> None:
     log = tmp_path / "log"
-    job = t.async_queries.perform_later(str(log))
+    job = t.async_queries.perform_later(OVERRUN, str(log))
     assert timed_out(job) and log.read_text() == "cancelled\n"
     assert in_test_transaction()
     transaction_usable(f"after-async-queries-{round_}")
@@ -185,7 +185,7 @@ def test_immediate_no_job_timeout_escapes_into_the_callers_code() -> None:
 def test_immediate_in_autocommit_a_job_stopped_inside_atomic_leaves_the_connection_autocommitting(
     round_: int,
 ) -> None:
-    job = t.writes.perform_later(f"a{round_}-")
+    job = t.writes.perform_later(f"a{round_}-", OVERRUN)
     assert timed_out(job)
     assert connection.get_autocommit() and not connection.in_atomic_block
     transaction_usable(f"after-autocommit-{round_}")
@@ -236,7 +236,7 @@ def test_run_jobs_keeps_the_rows_timeout_and_returns_the_attempts_when_asked() -
 
 @pytest.mark.parametrize("round_", range(3))
 def test_run_jobs_a_job_stopped_inside_the_database_code_leaves_the_tests_transaction_usable(round_: int) -> None:
-    job = t.writes.perform_later(f"r{round_}-")
+    job = t.writes.perform_later(f"r{round_}-", OVERRUN)
     [attempt] = run_jobs(raise_failures=False)
     assert attempt.status == "failed" and timed_out(job)
     assert in_test_transaction()

@@ -42,9 +42,9 @@ async def async_naps(seconds: float, log: str | None = None) -> str:
 
 
 @background_job(timeout=0.3)
-def catches(log: str | None = None) -> str:
+def catches(seconds: float, log: str | None = None) -> str:
     try:
-        nap(30)
+        nap(seconds)
     except JobTimeout:
         mark(log, "caught")
     return "ignored the timeout"
@@ -70,20 +70,22 @@ def one_query() -> int:
 
 
 @background_job(timeout=0.1)
-def writes(prefix: str) -> None:
+def writes(prefix: str, seconds: float) -> None:
     """Writes in atomic blocks of its own until it is stopped: JobTimeout lands in Django's and psycopg's code."""
     count = 0
-    while True:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
         with transaction.atomic():
             User.objects.create(username=f"{prefix}{count}")
             count += one_query()
 
 
 @background_job(timeout=0.1)
-async def async_queries(log: str | None = None) -> None:
+async def async_queries(seconds: float, log: str | None = None) -> None:
     """Queries through sync_to_async (back on the caller's thread and connection) until it is cancelled."""
+    end = time.monotonic() + seconds
     try:
-        while True:
+        while time.monotonic() < end:
             await sync_to_async(one_query)()
     except asyncio.CancelledError:
         mark(log, "cancelled")
