@@ -13,7 +13,7 @@ from django.test import override_settings
 from axa_django import Job, JobTimeout
 from axa_django.testing import JobFailed, raise_failures, run_jobs
 from tests.conftest import AXA_APPS
-from tests.testapp import flow_jobs
+from tests.testapp import flow_jobs, testing12_jobs
 from tests.testapp import timeout_inline_jobs as t
 
 IMMEDIATE = override_settings(AXA_DJANGO={"MODE": "immediate"})
@@ -177,6 +177,15 @@ def test_immediate_no_job_timeout_escapes_into_the_callers_code() -> None:
         job = flow_jobs.untimed.using(timeout=0.02).perform_later(0.02)
         assert job.status in ("completed", "failed")
         flow_jobs.nap(0.03)  # a late JobTimeout would land here, in the caller's own code
+
+
+@IMMEDIATE
+def test_immediate_a_jobs_failed_statement_is_rolled_back_to_where_the_job_began() -> None:
+    # Each attempt runs in a savepoint, as in run_jobs(): the caller's transaction goes on.
+    job = testing12_jobs.bad_sql.perform_later()
+    assert job.status == "failed" and job.errors[-1]["type"] == "django.db.utils.DataError"
+    assert in_test_transaction()
+    transaction_usable("after-bad-sql")
 
 
 @pytest.mark.django_db(transaction=True, available_apps=COMMITTING)
