@@ -20,6 +20,8 @@ The database (<--db-prefix><tool>) is made fresh and dropped at the end, also on
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import json
 import os
 import platform
@@ -49,6 +51,7 @@ PEERS = ["pgqueuer"]
 # (axa_django/workerdb.py); asyncpg prepares the dequeue and PostgreSQL chooses.
 PLAN_CACHE_MODE = {"axa": "force_generic_plan", "pgqueuer": "auto"}
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+PR_SET_PDEATHSIG = 1
 MAX_JOBS = 99_999_999  # job ids are 8 digits in the jobs' records (benchmarks/measure.py)
 
 
@@ -121,7 +124,7 @@ class Interval:
     claim_ms: float | None = None
     claim_indexes: list[str] | None = None
     worker_cores: float = 0.0
-    pg_cores: float = 0.0  # the worker's own backends
+    pg_cores: float = 0.0  # the worker's own backends (over a Unix socket: the whole server)
     server_cores: float = 0.0  # every process of the server, whoever's work
     snapshot_xmin_age: int | None = None
     tables: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -213,13 +216,19 @@ class Watch:
                 f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE soak_claim({self.claim_args})"
             ).fetchone()
         top = (json.loads(plan) if isinstance(plan, str) else plan)[0]
-        into.claim_buffers = top["Plan"].get("Shared Hit Blocks", 0) + top["Plan"].get("Shared Read Blocks", 0)
+        into.claim_buffers = claim_buffers(top["Plan"])
         into.claim_ms = top["Execution Time"]
         into.claim_indexes = sorted(set(index_names(top["Plan"])))
 
     def xmin_age(self, pid: int) -> int | None:
         row = self.conn.execute("SELECT age(backend_xmin) FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone()
         return row[0] if row else None
+
+    def others(self) -> list[int]:
+        rows = self.conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return [pid for (pid,) in rows]
 
     def backends(self, ports: set[int]) -> list[int]:
         rows = self.conn.execute(
@@ -230,6 +239,31 @@ class Watch:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def buffers(node: dict[str, Any]) -> int:
+    return node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0)
+
+
+def claim_buffers(plan: dict[str, Any]) -> int:
+    """Shared buffers the statement read: the top node's, which count what ran under it, plus any
+    data-modifying CTE no one scans (pgqueuer's log insert), which PostgreSQL runs after the top node."""
+    scanned = set(cte_scans(plan))
+    unscanned = [
+        child
+        for child in plan.get("Plans", [])
+        if child.get("Parent Relationship") == "InitPlan"
+        and child.get("Subplan Name", "").startswith("CTE ")
+        and child["Subplan Name"][4:] not in scanned
+    ]
+    return buffers(plan) + sum(buffers(child) for child in unscanned)
+
+
+def cte_scans(plan: dict[str, Any]) -> list[str]:
+    names = [plan["CTE Name"]] if plan.get("Node Type") == "CTE Scan" else []
+    for child in plan.get("Plans", []):
+        names += cte_scans(child)
+    return names
 
 
 def index_names(plan: dict[str, Any]) -> list[str]:
@@ -278,6 +312,7 @@ class Soak:
         self.env = dict(os.environ, DATABASE_URL=url, PYTHONPATH=str(ROOT), BENCH_RECORD=str(self.record))
         self.env["PYTHONUNBUFFERED"] = "1"
         self.env.pop("DJANGO_SETTINGS_MODULE", None)  # axa_peer sets benchmarks.settings
+        self.tcp = args.connection.startswith("TCP")  # over a Unix socket the worker's backends are not told apart
 
     def tool_command(self, role: str, *extra: str) -> list[str]:
         return [self.python, str(ROOT / "benchmarks" / "soak_tool.py"), role, "--tool", self.tool, *extra]
@@ -292,18 +327,26 @@ class Soak:
 
     def start_worker(self, command: list[str]) -> None:
         env = dict(self.env, DJANGO_SETTINGS_MODULE="benchmarks.settings") if self.tool == "axa" else self.env
-        log = (self.tmp / "worker.log").open("wb")
         # A session of its own: Ctrl-C reaches the soak alone, which stops the worker in order.
-        self.worker = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True)
+        with (self.tmp / "worker.log").open("wb") as log:
+            self.worker = subprocess.Popen(
+                command, cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True, preexec_fn=die_with_parent
+            )
 
     def start_producer(self) -> None:
         a = self.args
         limit = a.minutes * 60 + 60
         extra = ["--rate", str(a.rate), "--batch", str(a.batch), "--limit", str(limit), "--sent", str(self.sent)]
-        log = (self.tmp / "producer.log").open("wb")
-        self.producer = subprocess.Popen(
-            self.tool_command("produce", *extra), cwd=ROOT, env=self.env, stdout=log, stderr=log, start_new_session=True
-        )
+        with (self.tmp / "producer.log").open("wb") as log:
+            self.producer = subprocess.Popen(
+                self.tool_command("produce", *extra),
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
 
     def check_alive(self) -> None:
         producer = None if self.producer_stopped else self.producer
@@ -329,10 +372,16 @@ class Soak:
         stop(self.producer, 30)
 
     def worker_backends(self) -> list[int]:
-        """The worker's PostgreSQL backends (its sockets' ports in pg_stat_activity); exit if it died."""
+        """The worker's PostgreSQL backends (its sockets' ports in pg_stat_activity), none over a Unix socket."""
         self.check_alive()
         assert self.worker is not None and self.watch is not None
-        return self.watch.backends(measure.local_ports([self.worker.pid]))
+        return self.watch.backends(measure.local_ports([self.worker.pid])) if self.tcp else []
+
+    def worker_connected(self) -> bool:
+        """Whether a session other than the monitor's is open on the database (before the producer's)."""
+        self.check_alive()
+        assert self.watch is not None
+        return bool(self.watch.others())
 
     def close(self) -> None:
         """Stop what still runs; each step apart so one failure leaves the others done."""
@@ -341,6 +390,12 @@ class Soak:
         for conn in (self.holder, self.watch.conn if self.watch else None):
             if conn is not None and not conn.closed:
                 conn.close()
+
+
+def die_with_parent() -> None:
+    """In a child before exec: SIGTERM when the soak dies, even by SIGKILL, so no worker outlives it (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def stop(proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
@@ -440,7 +495,8 @@ class Run:
             before = self.last.sample
             wall = max(now.sample.wall - before.wall, 1e-9)
             interval.worker_cores = (now.sample.workers - before.workers) / wall
-            interval.pg_cores = (now.backends - self.last.backends) / wall
+            own = now.backends - self.last.backends if self.soak.tcp else now.sample.pg - before.pg
+            interval.pg_cores = own / wall
             interval.server_cores = (now.sample.pg - before.pg) / wall
         self.last = now
         try:
@@ -557,12 +613,15 @@ def soak(args: argparse.Namespace, soak_: Soak, info: dict[str, Any], results: d
     results["intervals"] = run.intervals
     results["notes"] = run.notes
     soak_.start_worker(info["worker_command"])
-    measure.wait_until(soak_.worker_backends, 120, "the worker to connect", step=0.1)
+    measure.wait_until(soak_.worker_connected, 120, "the worker to connect", step=0.1)
     soak_.start_producer()
     measure.wait_until(
         lambda: soak_.check_alive() or run.sent_tail.read(peek=True), 120, "the first enqueue", step=0.01
     )
     t0 = time.monotonic()
+    assert soak_.worker is not None and soak_.producer is not None
+    backends = f" ({len(soak_.worker_backends())} PostgreSQL backends)" if soak_.tcp else ""
+    run.note(0, f"worker pid {soak_.worker.pid}{backends}, producer pid {soak_.producer.pid}")
     run.last = run.sample()
     start: tuple[Reading, int] | None = None
 
@@ -610,7 +669,7 @@ def cpu(run: Run, a: Reading, b: Reading, done_before: int, total: float) -> dic
     wall = max(b.sample.wall - a.sample.wall, 1e-9)
     figures["others_cores"] = max(0.0, figures["others_cores"] - producer / wall)
     backends = b.backends - a.backends
-    figures["pg_backends_cpu_ms_per_job"] = backends * 1000 / jobs if jobs else None
+    figures["pg_backends_cpu_ms_per_job"] = backends * 1000 / jobs if jobs and run.soak.tcp else None
     figures["producer_cpu_ms_per_job"] = producer * 1000 / jobs if jobs else None
     figures["jobs"] = jobs
     figures["from_s"] = run.args.warmup
@@ -618,18 +677,18 @@ def cpu(run: Run, a: Reading, b: Reading, done_before: int, total: float) -> dic
     pg = figures.get("pg_cpu_ms_per_job")
     print(
         f"cpu per job, {run.args.warmup:g}-{total:g} s ({jobs:,} jobs): "
-        f"worker {fmt(figures.get('worker_cpu_ms_per_job'))} ms; "
-        f"PostgreSQL {fmt(figures['pg_backends_cpu_ms_per_job'])} ms in the worker's backends, "
-        f"{fmt(pg)} ms for the whole server (everyone's: the producer's inserts, autovacuum, this monitor, "
+        f"worker {fmt(figures.get('worker_cpu_ms_per_job'))}; "
+        f"PostgreSQL {fmt(figures['pg_backends_cpu_ms_per_job'])} in the worker's backends, "
+        f"{fmt(pg)} for the whole server (everyone's: the producer's inserts, autovacuum, this monitor, "
         "other databases); "
-        f"producer {fmt(figures['producer_cpu_ms_per_job'])} ms; others' CPU {figures['others_cores']:.2f} cores",
+        f"producer {fmt(figures['producer_cpu_ms_per_job'])}; others' CPU {figures['others_cores']:.2f} cores",
         flush=True,
     )
     return figures
 
 
 def fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
+    return "n/a" if value is None else f"{value:.3f} ms"
 
 
 def drain(run: Run, total: float) -> None:
@@ -693,14 +752,14 @@ def main() -> None:
     server = server_info(base_url)
     if server["connection"].startswith("TCP") and server["connection"].split()[1].rsplit(":", 1)[0] not in LOCAL_HOSTS:
         raise SystemExit(f"soak: the server is at {server['connection']}, not on this machine")
-    args.pg_pid = server["pg_pid"]
+    args.pg_pid, args.connection = server["pg_pid"], server["connection"]
     python = sys.executable if tool == "axa" else venvs.ensure(tool, venvs.find_python(args.peer_python))
     name = args.db_prefix + tool
     out = Path(args.json or ROOT / "benchmarks" / "results" / f"soak-{tool}.json")
     results: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "server": server,
-        "args": {k: v for k, v in vars(args).items() if k not in ("json", "pg_pid")},
+        "args": {k: v for k, v in vars(args).items() if k not in ("json", "pg_pid", "connection")},
         "command": shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
         "load_before": os.getloadavg(),
     }
@@ -764,7 +823,8 @@ def print_header(args: argparse.Namespace, results: dict[str, Any], info: dict[s
         print(f"claim: left out ({info['claim_missing']})")
     print(
         "columns: pickup = enqueue call to the job's start (its own record); backlog = queued rows; "
-        "cores = the worker process / its PostgreSQL backends"
+        "cores = the worker process / "
+        + ("its PostgreSQL backends" if args.connection.startswith("TCP") else "the whole server (a Unix socket)")
     )
     print(f"command: {results['command']}", flush=True)
     print(HEAD, flush=True)

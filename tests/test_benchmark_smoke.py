@@ -1,7 +1,9 @@
-"""benchmarks/run.py runs end to end for axa alone, at tiny sizes (its figures are never asserted)."""
+"""benchmarks/run.py and benchmarks/soak.py run end to end for axa alone, at tiny sizes (figures never asserted)."""
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 
@@ -36,3 +38,99 @@ def test_the_benchmark_runs_and_counts_every_job_once(tmp_path):
         assert runs[phase][0]["duplicates"] == 0 and runs[phase][0]["missing"] == 0, runs[phase]
     assert runs["drain1"][0]["per_s"] > 0 and runs["latency"][0]["p99_ms"] > 0
     assert "duplicates 0, missing 0" in result.stdout
+
+
+def _soak(prefix: str, *extra: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, DATABASE_URL=database_url())
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    command = [sys.executable, "benchmarks/soak.py", "--interval", "1", "--rate", "100", "--batch", "5"]
+    command += ["--db-prefix", prefix, *extra]
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM first, so the soak stops its worker and producer; SIGKILL only if it hangs."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _database_exists(name: str) -> bool:
+    with psycopg.connect(database_url(), autocommit=True) as conn:
+        return conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is not None
+
+
+def _drop(name: str) -> None:
+    with psycopg.connect(database_url(), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+INTERVAL_LINE = re.compile(
+    r"^\s+\d+ +[\d,]+ +[\d,]+ +[\d,]+ +[\d.,-]+ +[\d.,-]+ +[\d,]+ +[\d.]+ +[\d,]+ +[\d.]+ +[\d.]+/[\d.]+ +(warmup|held|open|drain)$"
+)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_soak_prints_its_lines_and_counts_every_job_once(tmp_path):
+    prefix = f"{connection.settings_dict['NAME']}_soak_"
+    out = tmp_path / "soak.json"
+    args = ["--minutes", "0.05", "--warmup", "1", "--hold-snapshot", "--release-at", "2"]
+    proc = _soak(prefix, *args, "--drain-timeout", "20", "--json", str(out))
+    try:
+        stdout, _ = proc.communicate(timeout=90)
+        left = _database_exists(f"{prefix}axa")  # before the clean-up below
+    finally:
+        _stop(proc)
+        _drop(f"{prefix}axa")
+    assert proc.returncode == 0, stdout
+    lines = stdout.splitlines()
+    server = next(line for line in lines if line.startswith("server: "))
+    assert "fsync=" in server and "synchronous_commit=" in server, server
+    timed = [line for line in lines if INTERVAL_LINE.match(line) and not line.endswith("drain")]
+    assert [line.split()[0] for line in timed] == ["1", "2", "3"], stdout
+    assert timed[0].endswith("warmup") and timed[1].endswith("held") and timed[2].endswith("open"), stdout
+    assert any("snapshot held: BEGIN ISOLATION LEVEL REPEATABLE READ" in line for line in lines), stdout
+    summary = next(line for line in lines if " vs first " in line)
+    for part in ("pickup p50", "buffers per claim", "backlog at end", "drained/enqueued", "released at 2 s"):
+        assert part in summary, summary
+    assert re.search(r"cpu per job, 1-3 s \([\d,]+ jobs\): worker [\d.]+ ms; PostgreSQL ([\d.]+ ms|n/a)", stdout), (
+        stdout
+    )
+    check = next(line for line in lines if line.startswith("check: "))
+    assert "duplicates 0, missing 0" in check, check
+    result = json.loads(out.read_text())
+    assert result["check"]["enqueued"] == result["check"]["ran"] == result["check"]["rows"] > 0, result["check"]
+    assert result["check"]["completed"] == result["check"]["rows"], result["check"]
+    first = result["intervals"][0]
+    assert first["claim_buffers"] > 0 and first["p50_ms"] > 0 and first["index_bytes"] > 0, first
+    assert not left, "the soak left its database behind"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_interrupted_soak_stops_its_worker_and_drops_its_database():
+    prefix = f"{connection.settings_dict['NAME']}_soakint_"
+    proc = _soak(prefix, "--minutes", "1", "--warmup", "10", "--json", os.devnull)
+    worker = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            found = re.search(r"worker pid (\d+)", line)
+            worker = int(found.group(1)) if found else worker
+            if INTERVAL_LINE.match(line):
+                break
+        assert worker is not None, "no worker pid printed"
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+        left = _database_exists(f"{prefix}axa")  # before the clean-up below
+    finally:
+        _stop(proc)
+        _drop(f"{prefix}axa")
+    assert proc.returncode == 130, rest
+    assert "interrupted" in rest, rest
+    assert not left, "the interrupted soak left its database behind"
+    with pytest.raises(ProcessLookupError):
+        os.kill(worker, 0)
