@@ -51,17 +51,17 @@ SHAPE_ONLY: dict[tuple[str, str], str] = {
     ("README.md", "# 1. install and run the example site + worker (Ctrl-C to stop)"): (
         "creates a venv, installs, serves the demo until Ctrl-C, runs the whole suite; tests/test_example.py runs demo"
     ),
-    ("README.md", "# not on PyPI yet: install from the repository (a checkout or a wheel: docs/install.md)"): (
-        "pip install from the network"
+    (
+        "README.md",
+        "# not on PyPI yet: install from a checkout of this repository (a wheel built there: docs/install.md)",
+    ): ("installs into the environment; tests/test_packaging.py runs it offline into a folder of its own"),
+    ("docs/install.md", 'pip install "./axa-django[binary]"'): (
+        "installs into the environment; tests/test_packaging.py runs both lines offline into folders of their own"
     ),
-    ("docs/install.md", 'pip install "axa-django[binary] @ git+https://github.com/OWNER/axa-django.git"'): (
-        "pip install from the network"
-    ),
-    ("docs/install.md", "git clone https://github.com/OWNER/axa-django.git"): "git clone and pip install",
     (
         "docs/install.md",
         "pip install build && python -m build        # writes dist/axa_django-0.1.0-py3-none-any.whl and the sdist",
-    ): ("builds and installs a wheel; tests/test_packaging.py builds it"),
+    ): ("builds and installs a wheel; tests/test_packaging.py builds it and runs the install line offline"),
     ("docs/install.md", 'python3 -m venv .venv && .venv/bin/pip install -e ".[dev]" && .venv/bin/python -m pytest'): (
         "installs and runs the whole suite"
     ),
@@ -73,9 +73,10 @@ SHAPE_ONLY: dict[tuple[str, str], str] = {
         "docs/example.md",
         "$ python manage.py demo --burst",
     ): "a transcript of demo --burst; tests/test_example.py checks it",
-    ("docs/upgrading.md", 'pip install --upgrade "axa-django[binary] @ git+https://github.com/OWNER/axa-django.git"'): (
-        "pip install from the network"
-    ),
+    (
+        "docs/upgrading.md",
+        'pip install --upgrade "./axa-django[binary]"     # from the updated checkout',
+    ): ("installs into the environment; the same line without --upgrade runs in tests/test_packaging.py"),
     (
         "docs/workers.md",
         "python manage.py runworker [--concurrency 4] [--prefetch N] [--poll-interval 1] [--burst] [--max-jobs N]",

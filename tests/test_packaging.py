@@ -2,6 +2,7 @@
 
 import ast
 import re
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -11,6 +12,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
+from tests import docs_examples
 from tests.conftest import ROOT
 
 # Markdown links and images whose target is a path in the repository, not a URL or an anchor.
@@ -106,3 +108,35 @@ def test_no_message_of_the_package_points_into_docs():
             if isinstance(text, str) and re.search(r"\bdocs/", text):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {text!r}")
     assert not found, "messages naming a docs/ path:\n" + "\n".join(found)
+
+
+def test_the_install_lines_of_the_readme_and_install_md_work_today(dist, tmp_path):
+    """Each ``pip install`` of a checkout or a wheel the pages show, run offline into a folder of its own."""
+    lines = []
+    for page in ("README.md", "docs/install.md"):
+        for block in docs_examples.page_blocks(page):
+            for command in block.code.replace("&&", "\n").splitlines():
+                words = shlex.split(command, comments=True)
+                local = any(w.startswith(("./axa-django", "dist/")) for w in words)
+                if words[:2] == ["pip", "install"] and local and words not in lines:
+                    lines.append(words)
+    assert len(lines) == 3, lines  # from a checkout (README's and install.md's), editable, and the wheel
+    (wheel,) = dist.glob("axa_django-*.whl")
+    (sdist,) = dist.glob("axa_django-*.tar.gz")
+    runs = []
+    for index, words in enumerate(lines):
+        # The checkout: the unpacked sdist (one per line: pip builds in the tree), so nothing is
+        # written into this repository; no network, and nothing installed around the suite.
+        checkout = tmp_path / f"checkout{index}"
+        with tarfile.open(sdist) as tar:
+            tar.extractall(checkout, filter="data")
+        (source,) = checkout.iterdir()
+        argv = [w.replace("./axa-django", str(source)).replace(f"dist/{wheel.name}", str(wheel)) for w in words[2:]]
+        target = tmp_path / f"target{index}"
+        options = ["-q", "--no-deps", "--no-index", "--no-build-isolation", "--target", str(target)]
+        command = [sys.executable, "-m", "pip", "install", *options, *argv]
+        runs.append((target, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+    for target, proc in runs:
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out
+        assert list(target.glob("axa_django-0.1.0.dist-info")), sorted(p.name for p in target.iterdir())
