@@ -1,10 +1,13 @@
-"""Binding call arguments to a job's signature and checking they are strict JSON."""
+"""Binding call arguments to a job's signature and checking they are strict JSON of the annotated types."""
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import json
 import math
+import types
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -211,6 +214,237 @@ def encode(value: Any, where: str | Describe, limit: int, *, levels: int = 0) ->
     return text
 
 
+# -- type checks: a value against a parameter's annotation -----------------------
+
+# Where a value fails its annotation: (path of keys and indexes inside it, what is wrong there).
+Mismatch = tuple[tuple[Any, ...], str]
+# Checks one plain JSON value (check_json has run); None when it fits.
+Check = Callable[[Any], Mismatch | None]
+# How long a wrong value may be when shown in the error.
+SHOWN = 60
+
+
+def _text(annotation: Any) -> str:
+    """An annotation in words: ``int``, ``list[int]``, ``int | None``, ``Line`` (a TypedDict)."""
+    if annotation is None or annotation is type(None):
+        return "None"
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Union or origin is types.UnionType:
+        return " | ".join(map(_text, args))
+    if origin is not None and args:
+        return f"{_text(origin)}[{', '.join(map(_text, args))}]"
+    name = getattr(annotation, "__name__", None)
+    return name if isinstance(name, str) else repr(annotation).replace("typing.", "")
+
+
+def _found(value: Any) -> str:
+    """A wrong value in words: ``str 'abc'``, ``bool True``, ``None``."""
+    if value is None:
+        return "None"
+    shown = repr(value)
+    if len(shown) > SHOWN:
+        shown = shown[: SHOWN - 3] + "..."
+    return f"{type(value).__name__} {shown}"
+
+
+def _wrong(expected: str, value: Any) -> Mismatch:
+    hint = "; bool is not accepted as a number" if type(value) is bool and expected in ("int", "float") else ""
+    return (), f"must be {expected}, not {_found(value)}{hint}"
+
+
+def _exact(kind: type, expected: str) -> Check:
+    def check(value: Any) -> Mismatch | None:
+        return None if type(value) is kind else _wrong(expected, value)
+
+    return check
+
+
+def _number(value: Any) -> Mismatch | None:
+    # int is accepted for float (PEP 484's numeric tower): 2 stays 2 through JSON.
+    kind = type(value)
+    return None if kind is float or kind is int else _wrong("float", value)
+
+
+def _none(value: Any) -> Mismatch | None:
+    return None if value is None else _wrong("None", value)
+
+
+_SIMPLE: dict[Any, Check] = {
+    int: _exact(int, "int"),
+    str: _exact(str, "str"),
+    bool: _exact(bool, "bool"),
+    float: _number,
+    None: _none,
+    type(None): _none,
+}
+
+
+def _list_of(item: Check | None, expected: str) -> Check:
+    def check(value: Any) -> Mismatch | None:
+        if type(value) is not list:
+            return _wrong(expected, value)
+        if item is not None:
+            for index, child in enumerate(value):
+                found = item(child)
+                if found is not None:
+                    return (index, *found[0]), found[1]
+        return None
+
+    return check
+
+
+def _dict_of(item: Check | None, expected: str) -> Check:
+    # Keys are str by then (check_json): a key annotation other than str is left alone.
+    def check(value: Any) -> Mismatch | None:
+        if type(value) is not dict:
+            return _wrong(expected, value)
+        if item is not None:
+            for key, child in value.items():
+                found = item(child)
+                if found is not None:
+                    return (key, *found[0]), found[1]
+        return None
+
+    return check
+
+
+def _union(members: list[Check], expected: str) -> Check:
+    def check(value: Any) -> Mismatch | None:
+        for member in members:
+            if member(value) is None:
+                return None
+        if len(members) == 2 and value is not None and _none in members:
+            # Optional[X] and a value of X's kind wrong inside: X says where.
+            found = next(member for member in members if member is not _none)(value)
+            if found is not None and (found[0] or not found[1].startswith("must be ")):
+                return found
+        return _wrong(expected, value)
+
+    return check
+
+
+def _literal(allowed: tuple[Any, ...], expected: str) -> Check:
+    def check(value: Any) -> Mismatch | None:
+        # By type too: True == 1, but Literal[1] does not take True.
+        return None if any(type(value) is type(a) and value == a for a in allowed) else _wrong(expected, value)
+
+    return check
+
+
+def _typed_dict(kind: Any, seen: frozenset[int]) -> Check | None:
+    try:
+        hints = typing.get_type_hints(kind, include_extras=True)
+    except Exception:  # noqa: BLE001 - an unresolvable TypedDict is left alone
+        return None
+    fields = {key: _compile(hint, seen | {id(kind)}) for key, hint in hints.items()}
+    # Read the markers too: with string annotations Python 3.11 counts NotRequired keys as required.
+    marked = {key: typing.get_origin(hint) for key, hint in hints.items()}
+    required = sorted(
+        key
+        for key in hints
+        if marked[key] is typing.Required or (key in kind.__required_keys__ and marked[key] is not typing.NotRequired)
+    )
+    name = kind.__name__
+
+    def check(value: Any) -> Mismatch | None:
+        if type(value) is not dict:
+            return _wrong(name, value)
+        for key in required:
+            if key not in value:
+                return (), f"is missing the key {key!r}, which {name} requires"
+        for key, child in value.items():
+            if key not in fields:
+                close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
+                guess = f" (did you mean {close[0]!r}?)" if close else ""
+                return (), f"has the key {key!r}, which {name} does not declare{guess}"
+            field = fields[key]
+            found = field(child) if field is not None else None
+            if found is not None:
+                return (key, *found[0]), found[1]
+        return None
+
+    return check
+
+
+def _compile(annotation: Any, seen: frozenset[int] = frozenset()) -> Check | None:
+    """A check for ``annotation``; None when any value passes or the annotation is not one we check."""
+    simple = _SIMPLE.get(annotation) if isinstance(annotation, typing.Hashable) else None
+    if simple is not None:
+        return simple
+    supertype = getattr(annotation, "__supertype__", None)  # NewType("UserId", int)
+    if supertype is not None:
+        return _compile(supertype, seen)
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated or origin is typing.Required or origin is typing.NotRequired:
+        return _compile(args[0], seen)
+    if origin is typing.Union or origin is types.UnionType:
+        members = [_compile(arg, seen) for arg in args]
+        if any(member is None for member in members):
+            return None  # a member that takes anything (Any) or that we do not check
+        return _union(typing.cast(list[Check], members), _text(annotation))
+    if origin is typing.Literal:
+        if all(type(arg) in (str, int, bool) or arg is None for arg in args):
+            return _literal(args, " or ".join(map(repr, args)) if len(args) > 1 else repr(args[0]))
+        return None
+    if annotation is list or origin is list:
+        return _list_of(_compile(args[0], seen) if args else None, _text(annotation))
+    if annotation is dict or origin is dict:
+        return _dict_of(_compile(args[1], seen) if len(args) == 2 else None, _text(annotation))
+    if typing.is_typeddict(annotation) and id(annotation) not in seen:
+        return _typed_dict(annotation, seen)
+    return None  # Any, object, classes, tuples, TypeVars...: left alone
+
+
+def _hints(func: Callable[..., Any], signature: inspect.Signature) -> dict[str, Any]:
+    """The parameters' annotations, strings resolved (``from __future__ import annotations``).
+
+    One that cannot be resolved (a name imported under TYPE_CHECKING) is left out, not the others.
+    """
+    try:
+        return typing.get_type_hints(func)
+    except Exception:  # noqa: BLE001 - resolved one by one below
+        pass
+    hints = {}
+    namespace = getattr(inspect.unwrap(func), "__globals__", {})
+    for parameter in signature.parameters.values():
+        annotation = parameter.annotation
+        if annotation is parameter.empty:
+            continue
+        holder = types.SimpleNamespace(__annotations__={parameter.name: annotation})
+        try:
+            hints[parameter.name] = typing.get_type_hints(holder, globalns=namespace)[parameter.name]
+        except Exception:  # noqa: BLE001 - unresolvable: no check for this one
+            continue
+    return hints
+
+
+def type_checks(func: Callable[..., Any], signature: inspect.Signature) -> tuple[tuple[str, Check], ...]:
+    """(parameter, check) for each parameter of ``signature`` whose annotation we can check.
+
+    A parameter whose default is None also takes None; ``*args: int`` checks each item,
+    ``**kwargs: int`` each value.
+    """
+    hints = _hints(func, signature)
+    checks = []
+    for parameter in signature.parameters.values():
+        if parameter.name not in hints:
+            continue
+        try:
+            check = _compile(hints[parameter.name])
+        except Exception:  # noqa: BLE001 - an annotation we cannot read is left alone
+            continue
+        if check is None:
+            continue
+        if parameter.default is None and check(None) is not None:
+            check = _union([check, _none], f"{_text(hints[parameter.name])} or None")
+        if parameter.kind is parameter.VAR_POSITIONAL:
+            check = _list_of(check, "list")
+        elif parameter.kind is parameter.VAR_KEYWORD:
+            check = _dict_of(check, "dict")
+        checks.append((parameter.name, check))
+    return tuple(checks)
+
+
 @dataclass(frozen=True)
 class _Shape:
     """A signature whose every parameter can be passed by name: binding it needs no ``Signature.bind``."""
@@ -222,25 +456,48 @@ class _Shape:
 
 
 _BY_NAME = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-# id(signature) -> (signature, its shape or None); the signature is kept so its id stays its own.
-_SHAPES: dict[int, tuple[inspect.Signature, _Shape | None]] = {}
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """What binding a signature needs, worked out once: its shape and its parameters' type checks."""
+
+    shape: _Shape | None
+    checks: tuple[tuple[str, Check], ...] = ()
+
+
+# id(signature) -> (signature, what binding it needs); the signature is kept so its id stays its own.
+_PREPARED: dict[int, tuple[inspect.Signature, _Prepared]] = {}
+
+
+def _shape_of(signature: inspect.Signature) -> _Shape | None:
+    parameters = list(signature.parameters.values())
+    if not all(p.kind in _BY_NAME for p in parameters):
+        return None
+    return _Shape(
+        names=tuple(p.name for p in parameters),
+        known=frozenset(p.name for p in parameters),
+        positional=tuple(p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        required=frozenset(p.name for p in parameters if p.default is inspect.Parameter.empty),
+    )
+
+
+def prepare(signature: inspect.Signature, func: Callable[..., Any]) -> None:
+    """Work out once how to bind calls to ``signature`` (``func``'s) and check them against its annotations."""
+    _PREPARED[id(signature)] = (signature, _Prepared(_shape_of(signature), type_checks(func, signature)))
+
+
+def _prepared(signature: inspect.Signature) -> _Prepared:
+    entry = _PREPARED.get(id(signature))
+    if entry is None or entry[0] is not signature:
+        # Not prepared (not a registered job's): bound by shape alone, no type checks.
+        entry = _PREPARED[id(signature)] = (signature, _Prepared(_shape_of(signature)))
+    return entry[1]
 
 
 def _shape(signature: inspect.Signature) -> _Shape | None:
     """``signature``'s shape, worked out once; None if it has *args, **kwargs or positional-only parameters."""
-    entry = _SHAPES.get(id(signature))
-    if entry is None or entry[0] is not signature:
-        parameters = list(signature.parameters.values())
-        shape = None
-        if all(p.kind in _BY_NAME for p in parameters):
-            shape = _Shape(
-                names=tuple(p.name for p in parameters),
-                known=frozenset(p.name for p in parameters),
-                positional=tuple(p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD),
-                required=frozenset(p.name for p in parameters if p.default is inspect.Parameter.empty),
-            )
-        entry = _SHAPES[id(signature)] = (signature, shape)
-    return entry[1]
+    return _prepared(signature).shape
 
 
 def _bind_by_name(shape: _Shape, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
@@ -257,11 +514,45 @@ def _bind_by_name(shape: _Shape, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     return {name: bound[name] for name in shape.names if name in bound}
 
 
+def _unexpected(signature: inspect.Signature, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """Why ``kwargs`` name parameters ``signature`` lacks, with the closest names; None if none do.
+
+    Said before Signature.bind, which would report the parameter a misspelt name left
+    missing ("missing 'order_id'") rather than the misspelling.
+    """
+    parameters = signature.parameters
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return None
+    unknown = [key for key in kwargs if key not in parameters]
+    if not unknown:
+        return None
+    by_name = [p.name for p in parameters.values() if p.kind in _BY_NAME]
+    positional = [p.name for p in parameters.values() if p.kind is not p.KEYWORD_ONLY][: len(args)]
+    # Parameters not given yet are the likelier meaning of a misspelt name.
+    open_names = [n for n in by_name if n not in kwargs and n not in positional]
+    said = []
+    for key in unknown:
+        guesses = difflib.get_close_matches(key, open_names, n=1, cutoff=0.6) or difflib.get_close_matches(
+            key, by_name, n=1, cutoff=0.6
+        )
+        said.append(f"{key!r} (did you mean {guesses[0]!r}?)" if guesses else repr(key))
+    takes = f"its parameters are {', '.join(by_name)}" if by_name else "it takes no arguments by name"
+    return f"job {name!r}: unexpected argument{'s' if len(said) > 1 else ''} {', '.join(said)}; {takes}"
+
+
 def bind(signature: inspect.Signature, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Bind a call to ``signature`` and return the args object (parameter name -> value)."""
-    shape = _shape(signature)
+    """Bind a call to ``signature`` and return the args object (parameter name -> value).
+
+    Raises TypeError for a call that does not fit, a value that is not strict JSON, or
+    one that does not match the parameter's annotation (when ``prepare`` saw the function).
+    """
+    prepared = _prepared(signature)
+    shape = prepared.shape
     arguments = _bind_by_name(shape, args, kwargs) if shape is not None else None
     if arguments is None:
+        unexpected = _unexpected(signature, name, args, kwargs)
+        if unexpected is not None:
+            raise TypeError(unexpected)
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError as error:
@@ -272,6 +563,13 @@ def bind(signature: inspect.Signature, name: str, args: tuple[Any, ...], kwargs:
                 # *args binds as a tuple; it is stored as a JSON array, which prepare_call spreads.
                 arguments[parameter.name] = list(arguments[parameter.name])
     check_json(arguments, arguments_of(name), levels=1)
+    # After check_json: every value is a plain JSON type, as the job will receive it.
+    for parameter, check in prepared.checks:
+        if parameter in arguments:
+            found = check(arguments[parameter])
+            if found is not None:
+                path, wrong = found
+                raise TypeError(f"{arguments_of(name)((parameter, *path))} {wrong}")
     return arguments
 
 

@@ -11,7 +11,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from asgiref.sync import sync_to_async
 
 from . import conf, cronexpr, flow, rows, tracing
-from .arguments import bind, check_kwargs
+from .arguments import bind, check_kwargs, prepare
 from .execution import run_inline
 from .models import Job
 from .rows import BulkResult, Options
@@ -103,6 +103,7 @@ class JobFunction(Generic[P, R]):
             ):
                 raise TypeError(f"job {name!r} takes_context=True but has no first positional parameter")
             self.signature = self.signature.replace(parameters=parameters[1:])
+        prepare(self.signature, func)  # binding and type checks worked out once, not per enqueue
         try:
             self.options = (
                 options

@@ -6,14 +6,38 @@ import difflib
 import unicodedata
 from collections.abc import Iterable
 
-from . import registry
+from django.db import connections
+
+from . import conf, registry
 
 # Known names listed in the error; listjobs shows them all.
 LISTED = 50
+# Distinct queues of queued rows looked at, each one index descent.
+MOST_QUEUES = 1000
+
+# The queues of queued rows, by a loose index scan of axa_queue_claim_queue (one
+# descent per queue: a SELECT DISTINCT would read every queued row), and the queues
+# an operator paused or limited.
+TABLE_QUEUES = """
+WITH RECURSIVE queues AS (
+    (SELECT 1 AS n, queue FROM axa_queue WHERE status = 'queued' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT p.n + 1, x.queue FROM queues p CROSS JOIN LATERAL (
+        SELECT queue FROM axa_queue WHERE status = 'queued' AND queue > p.queue ORDER BY queue LIMIT 1
+    ) AS x WHERE p.n < %(most)s
+)
+SELECT queue FROM queues
+UNION SELECT queue FROM axa_paused_queue
+UNION SELECT queue FROM axa_queue_limit
+"""
 
 
 class UnknownJobs(ValueError):
     """A worker was asked for job names that no registered job has."""
+
+
+class UnknownQueues(ValueError):
+    """A worker was asked for queues nothing knows: no job declares them and no queued row is in them."""
 
 
 def check_queue(queue: object) -> str:
@@ -55,3 +79,44 @@ def suggestions(name: str, known: list[str]) -> list[str]:
     same_tail = [k for k in known if k.rsplit(".", 1)[-1].lower() == tail]
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
     return list(dict.fromkeys(same_tail + close))[:3]
+
+
+def table_queues(using: str | None = None) -> set[str]:
+    """Queues that hold queued rows (the first MOST_QUEUES by name), are paused, or have a limit."""
+    with connections[using or conf.get("DATABASE")].cursor() as cursor:
+        cursor.execute(TABLE_QUEUES, {"most": MOST_QUEUES})
+        return {queue for (queue,) in cursor.fetchall()}
+
+
+def check_known_queues(
+    wanted: Iterable[str], *, new: Iterable[str] = (), declared: Iterable[str] = (), using: str | None = None
+) -> None:
+    """UnknownQueues unless each of ``wanted`` is known, with the closest known queues.
+
+    Known: in ``declared`` (django.tasks backends' QUEUES), a registered job's queue, or
+    the table's (``table_queues``, read only when the code does not settle it). ``new``
+    queues are taken as they are. A database error is raised as it comes.
+    """
+    known = {job.options.queue for job in registry.registry.values()} | set(declared) | set(new)
+    doubtful = sorted(set(wanted) - known)
+    if not doubtful:
+        return
+    known |= table_queues(using)
+    unknown = [queue for queue in doubtful if queue not in known]
+    if not unknown:
+        return
+    listed = sorted(known)
+    it = "them" if len(unknown) > 1 else "it"
+    lines = [
+        f"unknown queue{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}: no registered job "
+        f"declares {it}, no queued job is in {it}, and no QueueBackend in settings.TASKS lists {it}."
+    ]
+    for queue in unknown:
+        guesses = difflib.get_close_matches(queue, listed, n=3, cutoff=0.6)
+        if guesses:
+            lines.append(f"For {queue!r}, did you mean {' or '.join(map(repr, guesses))}?")
+    shown = ", ".join(listed[:LISTED]) or "none"
+    more = f" and {len(listed) - LISTED} more" if len(listed) > LISTED else ""
+    lines.append(f"Known queues (python manage.py queues): {shown}{more}.")
+    lines.append("If it is a new queue whose first jobs are yet to come, give it with --new-queue instead of --queue.")
+    raise UnknownQueues("\n".join(lines))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Container, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from django.db import connections
@@ -85,6 +85,76 @@ def warn(found: Iterable[Unhandled], now: float | None = None) -> list[Unhandled
             WARN_SECONDS / 60,
         )
     return said
+
+
+# Ready rows of paused queues that a worker would claim (its names and backends, in its
+# queues), per queue: one walk of axa_queue_claim_queue per paused queue.
+PAUSED_READY = """
+SELECT p.queue, (
+    SELECT count(*) FROM (
+        SELECT 1 FROM axa_queue q
+        WHERE q.status = 'queued' AND q.queue = p.queue AND q.run_at <= now()
+          AND ((q.backend IS NULL AND q.name = ANY(%(names)s)) OR q.backend = ANY(%(backends)s))
+        LIMIT %(cap)s) AS c) AS ready
+FROM axa_paused_queue p
+WHERE %(every_queue)s OR p.queue = ANY(%(queues)s)
+ORDER BY ready DESC, p.queue
+"""
+
+# Runs one statement and returns its rows, or None when it failed (already logged).
+Execute = Callable[[str, dict[str, Any]], list[tuple[Any, ...]] | None]
+
+
+def left_behind(
+    execute: Execute,
+    *,
+    names: Sequence[str],
+    backends: Sequence[str],
+    queues: Sequence[str] | None,
+    lease: float,
+    registered: Container[str] = (),
+) -> list[str]:
+    """What a worker leaves when it stops: ready jobs it could not run, each with why, most first.
+
+    Run while the worker is still registered: the jobs no live worker claims (the names
+    it has no handler for, the queues it does not run), then those it would claim but
+    that wait in a paused queue. ``registered``: every job name this process knows.
+    """
+    said = []
+    for entry in rows_to_unhandled(execute(sql.UNHANDLED, params(lease)) or []):
+        said.append(f"{_count(entry.ready)} of {entry.describe()} ({_why(entry, backends, queues, registered)})")
+    paused = execute(
+        PAUSED_READY,
+        {
+            "names": list(names),
+            "backends": list(backends),
+            "cap": CAP,
+            "every_queue": queues is None,
+            "queues": list(queues or []),
+        },
+    )
+    for queue, ready in paused or []:
+        if ready:
+            said.append(
+                f"{_count(int(ready))} in queue {queue!r}, which is paused (python manage.py queues resume {queue})"
+            )
+    return said
+
+
+def _count(ready: int) -> str:
+    return f"at least {ready}" if ready >= CAP else str(ready)
+
+
+def _why(entry: Unhandled, backends: Sequence[str], queues: Sequence[str] | None, registered: Container[str]) -> str:
+    if queues is not None and entry.queue not in queues:
+        return f"this worker runs only {', '.join(map(repr, queues))} (--queue)"
+    if entry.backend is not None:
+        if not backends:
+            return "this worker runs no django.tasks backend (--job, or none in settings.TASKS)"
+        return f"this worker runs the backends {', '.join(map(repr, backends))} (settings.TASKS)"
+    if entry.name in registered:
+        return "not one of this worker's --job names"
+    return "no job of that name is registered here: renamed, or its module not imported by an app's jobs.py?"
 
 
 def reset() -> None:

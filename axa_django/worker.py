@@ -543,14 +543,32 @@ class Worker(Connections, Loops, FlowLoops):
             waits = thread.name in ("axa-finisher", "axa-listener") or not self._aborting.is_set()
             if waits and thread.name not in ("axa-heartbeat", "axa-watchdog"):
                 thread.join(timeout=None if not self._aborting.is_set() else 5)
+        # A burst worker names the ready jobs it leaves, looked up while it is still registered.
+        left = self._left_behind() if self.burst and not self._aborting.is_set() else []
         self._execute(sql.UNREGISTER, {"worker": self.id})
         self._done.set()
         self._close(self._conn)
         if self._fatal is not None:
             logger.critical("worker %s stopped because its %s thread died", self.id, self._fatal)
             return 1
-        logger.info("worker %s stopped after %s", self.id, summary(self.processed, self.outcomes))
+        said = summary(self.processed, self.outcomes)
+        if left:
+            logger.warning(
+                "worker %s stopped after %s; ready jobs it could not run: %s", self.id, said, "; ".join(left)
+            )
+        else:
+            logger.info("worker %s stopped after %s", self.id, said)
         return 1 if self._aborting.is_set() else 0
+
+    def _left_behind(self) -> list[str]:
+        return unhandled.left_behind(
+            self._execute,
+            names=self.handler_names(),
+            backends=self.backends,
+            queues=self.queues,
+            lease=self.lease,
+            registered=registry.registry,
+        )
 
     def _unclaim_waiting(self) -> None:
         """Give back the rows claimed ahead that no thread has started, as if never claimed."""

@@ -92,7 +92,7 @@ BAD_CALLS = [
     ((), {"a": {"k": Thing()}}, TypeError, "['k'] is a tests.test_enqueue.Thing, which is not JSON"),
     ((), {"a": 1 + 2j}, TypeError, "is a complex, which is not JSON"),
     ((), {}, TypeError, "job 'tests.testapp.jobs.add': missing a required argument: 'a'"),
-    ((), {"a": 1, "c": 2}, TypeError, "job 'tests.testapp.jobs.add': got an unexpected keyword argument 'c'"),
+    ((), {"a": 1, "c": 2}, TypeError, "job 'tests.testapp.jobs.add': unexpected argument 'c'; its parameters are a, b"),
     ((1, 2, 3), {}, TypeError, "job 'tests.testapp.jobs.add': too many positional arguments"),
     ((1,), {"a": 1}, TypeError, "job 'tests.testapp.jobs.add': multiple values for argument 'a'"),
 ]

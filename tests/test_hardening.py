@@ -285,7 +285,7 @@ def test_job_names_that_look_like_sql_or_format_strings_stay_data(workers):
     names = ["%(queues)s", "{names}", "';DROP/**/TABLE/**/axa_queue;--", "%s%%%(limit)s"]
     rows = [enqueue(name) for name in names]
     # A --queue worker writes queues into its statements too.
-    code, output = burst(workers, "--concurrency", "2", "--queue", "default", "--queue", "%(names)s")
+    code, output = burst(workers, "--concurrency", "2", "--queue", "default", "--new-queue", "%(names)s")
     assert code == 0, output
     assert {fresh(row).status for row in rows} == {"completed"}, output
     assert {fresh(row).result for row in rows} == {"ran"}

@@ -7,15 +7,18 @@ import logging
 import sys
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError, connections
 
+from axa_django import conf
 from axa_django.budget import start_line
 from axa_django.health import check_health_file
 from axa_django.logs import configure_for_command
 from axa_django.management.argtypes import seconds, whole
 from axa_django.pools import Pools, split
-from axa_django.selection import check_queue
-from axa_django.worker import CannotConnect, NotMigrated, PoolerMisconfigured, UnknownJobs, Worker
+from axa_django.selection import UnknownQueues, check_known_queues, check_queue
+from axa_django.worker import CannotConnect, NotMigrated, PoolerMisconfigured, UnknownJobs, Worker, task_backend_aliases
 
 
 def _positive_int(text: str) -> int:
@@ -61,14 +64,26 @@ class Command(BaseCommand):
             help="most rows claimed ahead of free threads, for short jobs (default 8 x concurrency; 0: none)",
         )
         parser.add_argument("--poll-interval", type=_seconds, default=None, help="seconds between polls when idle")
-        parser.add_argument("--burst", action="store_true", help="run every ready job, then exit 0")
+        parser.add_argument(
+            "--burst",
+            action="store_true",
+            help="run every ready job it can, then exit 0 (naming any ready jobs it could not run)",
+        )
         parser.add_argument("--max-jobs", type=_positive_int, default=None, help="exit after this many attempts")
         parser.add_argument(
             "--queue",
             action="append",
             dest="queues",
             type=_queue,
-            help="claim only from this queue (repeatable); QUEUE:N gives the queue a pool of N threads of its own",
+            help="claim only from this queue (repeatable); QUEUE:N gives the queue a pool of N threads of its own. "
+            "A queue no job declares and no queued job is in is refused (exit 2) as a likely typo",
+        )
+        parser.add_argument(
+            "--new-queue",
+            action="append",
+            dest="new_queues",
+            type=_queue,
+            help="as --queue, for a queue nothing knows yet (no job declares it, no job is queued in it): not checked",
         )
         parser.add_argument("--job", action="append", dest="names", help="claim only this job name (repeatable)")
         parser.add_argument(
@@ -92,7 +107,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_for_command(options["verbosity"])
-        queues = options["queues"] or []
+        checked = options["queues"] or []
+        queues = checked + (options["new_queues"] or [])
         common = {
             "poll_interval": options["poll_interval"],
             "burst": options["burst"],
@@ -116,6 +132,7 @@ class Command(BaseCommand):
             raise CommandError(str(error), returncode=2) from None
         except ValueError as error:
             raise CommandError(str(error)) from None
+        self._check_queues([queue for queue, _ in checked], [queue for queue, _ in options["new_queues"] or []])
         # Per-queue pools are workers of their own: each says what it holds and beats the file.
         for member in worker.workers if isinstance(worker, Pools) else [worker]:
             member.health_file = options["health_file"]
@@ -126,6 +143,27 @@ class Command(BaseCommand):
             raise CommandError(str(error), returncode=2) from None
         if code:
             sys.exit(code)
+
+    @staticmethod
+    def _check_queues(wanted: list[str], new: list[str]) -> None:
+        """Exit 2 on a --queue nothing knows: a typo would leave the worker idle without a word."""
+        if not wanted:
+            return
+        alias = conf.get("DATABASE")
+        # django.tasks' own default: a backend without QUEUES takes the "default" queue.
+        tasks = getattr(settings, "TASKS", {})
+        declared = [queue for name in task_backend_aliases() for queue in tasks[name].get("QUEUES", ["default"])]
+        try:
+            check_known_queues(wanted, new=new, declared=declared, using=alias)
+        except UnknownQueues as error:
+            raise CommandError(str(error), returncode=2) from None
+        except DatabaseError as error:
+            # The worker's own start-up waits for the database or says what is wrong with it.
+            logging.getLogger("axa_django").warning(
+                "could not check --queue %s against the database's queues (%s)", ", ".join(wanted), error
+            )
+        finally:
+            connections[alias].close()  # the worker uses connections of its own
 
     @staticmethod
     def _pool_sizes(queues: list[tuple[str, int | None]], options: dict[str, Any]) -> dict[str, int]:
