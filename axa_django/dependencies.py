@@ -24,7 +24,9 @@ PARENT_FAILED = "ParentFailed"
 # Settle the children of jobs that just ended: mark their edges counted, decrement each
 # child's counter, queue it at 0, cancel it (and, through the graph, the descendants
 # that would wait on it) when a parent did not complete and it does not ask to run
-# anyway. One statement however deep the cancellation goes. run_at stays as enqueued
+# anyway. One statement however deep the cancellation goes. Queued children wake the
+# workers with their oldest run_at ("ready:<epoch>"): behind the claims' floors
+# (claimlanes.py), they would otherwise wait for a full walk. run_at stays as enqueued
 # (a delay still applies; a child waits behind nothing that was queued after it). The children are locked
 # in id order, so two finishers settling overlapping children cannot deadlock.
 SETTLE = f"""
@@ -83,12 +85,13 @@ WITH RECURSIVE ended AS (
     JOIN locked l ON l.id = c.child_id
     LEFT JOIN first_cause f ON f.id = c.child_id
     WHERE q.id = c.child_id AND q.status = 'waiting'
-    RETURNING q.id, q.status
+    RETURNING q.id, q.status, q.run_at
 )
 SELECT id, status FROM changed
 UNION ALL
 SELECT NULL, 'woken' FROM (
-    SELECT pg_notify('axa_queue', '') FROM (SELECT 1 FROM changed WHERE status = 'queued' LIMIT 1) AS w
+    SELECT pg_notify('axa_queue', 'ready:' || extract(epoch FROM min(run_at))::text)
+    FROM changed WHERE status = 'queued' HAVING count(*) > 0
 ) AS n
 """
 _ENDED = """ended AS (

@@ -170,6 +170,10 @@ class RowJSONField(models.JSONField):
         return name, "django.db.models.JSONField", args, kwargs
 
 
+# Queued, said so that only the claim indexes match it (see Job.Meta.indexes).
+QUEUED = models.Q(status__gte="queued", status__lte="queued")
+
+
 class Job(models.Model):
     """One job: a row of ``axa_queue``."""
 
@@ -235,13 +239,18 @@ class Job(models.Model):
         indexes = [
             # The seed's ready index, kept under its name.
             models.Index(fields=["run_at"], name="axa_queue_ready", condition=models.Q(status="queued")),
+            # The claim indexes say "queued" as a range (status BETWEEN 'queued' AND 'queued',
+            # as the claims' walks do), which the seed's "status = 'queued'" does not imply:
+            # so no claim can be planned over axa_queue_ready (the seed's, kept for its own
+            # CLAIM), whatever the statistics say. Over it, a claim walked every ready row
+            # of every name from the oldest, dead index entries included, and sorted them.
             # Serves the claim: per name, highest priority then oldest run_at.
             models.Index(
                 "name",
                 models.F("priority").desc(),
                 "run_at",
                 name="axa_queue_claim",
-                condition=models.Q(status="queued"),
+                condition=QUEUED,
             ),
             # Serves the claim of django.tasks rows: per backend alias, best first.
             models.Index(
@@ -249,7 +258,7 @@ class Job(models.Model):
                 models.F("priority").desc(),
                 "run_at",
                 name="axa_queue_claim_task",
-                condition=models.Q(status="queued", backend__isnull=False),
+                condition=QUEUED & models.Q(backend__isnull=False),
             ),
             # Serve the claim of a --queue worker: per queue and name (or backend alias),
             # so rows waiting in other queues are never walked.
@@ -259,7 +268,7 @@ class Job(models.Model):
                 models.F("priority").desc(),
                 "run_at",
                 name="axa_queue_claim_queue",
-                condition=models.Q(status="queued"),
+                condition=QUEUED,
             ),
             models.Index(
                 "queue",
@@ -267,7 +276,7 @@ class Job(models.Model):
                 models.F("priority").desc(),
                 "run_at",
                 name="axa_queue_claim_task_queue",
-                condition=models.Q(status="queued", backend__isnull=False),
+                condition=QUEUED & models.Q(backend__isnull=False),
             ),
             models.Index(fields=["worker_id"], name="axa_queue_running", condition=models.Q(status="running")),
             models.Index(fields=["status", "-created_at"], name="axa_queue_status"),

@@ -9,7 +9,9 @@ is left on a connection a pooler may hand to someone else.
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg.sql
@@ -49,11 +51,28 @@ WHERE q.id = ANY(ARRAY(
     ORDER BY c.priority DESC, c.run_at
     LIMIT %(limit)s
 )){CLAIM_RETURNING}"""
+# Both claims of background jobs report their snapshot (claimlanes.py): its oldest
+# running transaction id, its next one and its time, on a row of their own (id NULL)
+# after the claimed rows, so that an empty claim reports it too.
+_SNAPPED = """
+WITH claimed AS ({claim}), snap AS MATERIALIZED (
+    SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8 AS xmin,
+        pg_snapshot_xmax(pg_current_snapshot())::text::int8 AS xmax, now() AS at
+)
+SELECT c.*, NULL::int8, NULL::int8, NULL::timestamptz FROM claimed c
+UNION ALL
+SELECT NULL::uuid, NULL, NULL, NULL::int, NULL::int, NULL, NULL::bool, NULL::int, NULL::timestamptz, NULL,
+    NULL::float8, NULL::timestamptz, snap.xmin, snap.xmax, snap.at FROM snap
+"""
+CLAIM_FULL = _SNAPPED.replace("{claim}", CLAIM)
+CLAIM_LANES = _SNAPPED.replace("{claim}", CLAIM.replace("{walks}", "{lane_walks}"))
+# "status BETWEEN 'queued' AND 'queued'" is how the claims say queued: only the claim
+# indexes are built for it (models.py), so no plan can take the seed's ready index.
 _NAME_WALK = """
     SELECT c.id, c.priority, c.run_at FROM unnest({names}::text[]) AS n(name)
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM axa_queue
-        WHERE status = 'queued' AND name = n.name AND backend IS NULL AND run_at <= now() {queue}
+        WHERE status BETWEEN 'queued' AND 'queued' AND name = n.name AND backend IS NULL AND run_at <= now() {queue}
         ORDER BY priority DESC, run_at
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -62,11 +81,39 @@ _BACKEND_WALK = """
     SELECT t.id, t.priority, t.run_at FROM unnest({backends}::text[]) AS b(backend)
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM axa_queue
-        WHERE status = 'queued' AND backend = b.backend AND run_at <= now() {queue}
+        WHERE status BETWEEN 'queued' AND 'queued' AND backend = b.backend AND run_at <= now() {queue}
         ORDER BY priority DESC, run_at
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ) AS t"""
+
+# The same claim walking each lane (a name and a priority) from a floor (claimlanes.py):
+# rows whose claims left dead index entries behind the floor are never walked, however
+# old the oldest snapshot is. Priorities between the known lanes (and above and below
+# them) are walked from their start, so a lane not seen yet is found at once.
+# %(floors)s holds one floor per lane, in the order of {lane_names}.
+_LANE_WALK = """
+    SELECT c.id, c.priority, c.run_at
+    FROM unnest({lane_names}::text[], {lane_priorities}::int[], %(floors)s::timestamptz[]) AS l(name, priority, floor)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM axa_queue
+        WHERE status BETWEEN 'queued' AND 'queued' AND name = l.name AND priority = l.priority AND backend IS NULL
+          AND run_at >= l.floor AND run_at <= now() {queue}
+        ORDER BY priority DESC, run_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c"""
+_GAP_WALK = """
+    SELECT c.id, c.priority, c.run_at
+    FROM unnest({gap_names}::text[], {gap_above}::int8[], {gap_below}::int8[]) AS g(name, above, below)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM axa_queue
+        WHERE status BETWEEN 'queued' AND 'queued' AND name = g.name AND priority > g.above AND priority < g.below
+          AND backend IS NULL AND run_at <= now() {queue}
+        ORDER BY priority DESC, run_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c"""
 
 # Seconds until the earliest future job this worker could run, or NULL; capped at a
 # day so that a row with run_at = 'infinity' cannot make an infinite wait.
@@ -96,11 +143,30 @@ HELD_ANY = (
     "UNION ALL SELECT l.queue FROM axa_queue_limit l)), true)"
 )
 
-_SLOT = re.compile(r"\{(names|backends|queue_\d+|queues|limited)\}")
+_SLOT = re.compile(r"\{(names|backends|queue_\d+|queues|limited|lane_names|lane_priorities|gap_\w+)\}")
+_NO_PRIORITY_ABOVE, _NO_PRIORITY_BELOW = -(2**31) - 1, 2**31
+
+
+def _gaps(names: list[str], lanes: Sequence[tuple[str, int]]) -> dict[str, list[Any]]:
+    """Per name, the open ranges of priorities between its known lanes (all of them for a name with none)."""
+    gaps: dict[str, list[Any]] = {"gap_names": [], "gap_above": [], "gap_below": []}
+    for name in names:
+        bounds = [_NO_PRIORITY_ABOVE, *sorted(p for n, p in lanes if n == name), _NO_PRIORITY_BELOW]
+        for above, below in itertools.pairwise(bounds):
+            if below - above > 1:
+                gaps["gap_names"].append(name)
+                gaps["gap_above"].append(above)
+                gaps["gap_below"].append(below)
+    return gaps
 
 
 def compose(
-    template: str, names: list[str], backends: list[str], queues: list[str] | None, limited: list[str] | None = None
+    template: str,
+    names: list[str],
+    backends: list[str],
+    queues: list[str] | None,
+    limited: list[str] | None = None,
+    lanes: Sequence[tuple[str, int]] = (),
 ) -> str:
     """``template`` with the worker's fixed names, backends and queues written in as literals.
 
@@ -117,6 +183,12 @@ def compose(
         values.update({f"queue_{index}": queue for index, queue in enumerate(queues)})
     walks = [walk.replace("{queue}", f) for walk in (_NAME_WALK, _BACKEND_WALK) for f in filters]
     text = template.replace("{walks}", "\n    UNION ALL".join(walks))
+    if "{lane_walks}" in text:
+        lanes = [lane for lane in lanes if lane[0] in names]
+        values.update(_gaps(names, lanes), lane_names=[n for n, _ in lanes], lane_priorities=[p for _, p in lanes])
+        kinds = ([_LANE_WALK] if lanes else []) + ([_GAP_WALK] if values["gap_names"] else []) + [_BACKEND_WALK]
+        walks = [walk.replace("{queue}", f) for walk in kinds for f in filters]
+        text = text.replace("{lane_walks}", "\n    UNION ALL".join(walks))
     text = text.replace("{queue_filter}", "AND queue = ANY({queues}::text[])" if queues else "")
     text = text.replace("{paused}", PAUSED_ANY)
 
@@ -245,29 +317,45 @@ WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running' AND worker_id = %(worker)
 """
 
 # Record when threads started rows claimed ahead (their started_at is NULL until then).
+# A row locked meanwhile is passed over, never waited for: a job completing itself in
+# its own transaction (COMPLETE_SELF) holds its row until that commits, and writes
+# started_at itself; the dispatcher must not stop claiming behind it.
 MARK_STARTED = """
 UPDATE axa_queue q SET started_at = to_timestamp(v.at)
 FROM unnest(%(ids)s::uuid[], %(at)s::float8[]) AS v(id, at)
-WHERE q.id = v.id AND q.status = 'running' AND q.worker_id = %(worker)s AND q.started_at IS NULL
+WHERE q.id = v.id AND q.id = ANY(ARRAY(
+    SELECT l.id FROM axa_queue l
+    WHERE l.id = ANY(%(ids)s::uuid[]) AND l.status = 'running' AND l.worker_id = %(worker)s AND l.started_at IS NULL
+    FOR UPDATE SKIP LOCKED
+))
 RETURNING set_config('synchronous_commit', 'off', true)
 """
 
 # Give back rows claimed ahead that no thread started (a stopping worker): queued as
-# before the claim, the attempt it counted taken back.
+# before the claim, the attempt it counted taken back. Their run_at lies behind other
+# workers' floors (claimlanes.py): the notification makes them walk from the start.
 UNCLAIM = """
-UPDATE axa_queue
-SET status = 'queued', started_at = NULL, worker_id = NULL, attempts = GREATEST(attempts - 1, 0), updated_at = now()
-WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running' AND worker_id = %(worker)s
+WITH given AS (
+    UPDATE axa_queue
+    SET status = 'queued', started_at = NULL, worker_id = NULL, attempts = GREATEST(attempts - 1, 0),
+        updated_at = now()
+    WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running' AND worker_id = %(worker)s
+    RETURNING id
+)
+SELECT count(*), pg_notify('axa_queue', 'rescan') FROM given HAVING count(*) > 0
 """
 
 UNREGISTER = "DELETE FROM axa_worker WHERE id = %(worker)s"
 
 WAKE = "SELECT pg_notify('axa_queue', '')"
+# Rows became ready with a run_at that may lie behind the claims' floors (claimlanes.py):
+# every worker's next claim walks from the start.
+RESCAN = "SELECT pg_notify('axa_queue', 'rescan')"
 
 # Resume a queue: the row goes, and idle workers wake at once (delivered at commit).
 RESUME = """
 WITH gone AS (DELETE FROM axa_paused_queue WHERE queue = %(queue)s RETURNING queue)
-SELECT count(*), pg_notify('axa_queue', '') FROM gone
+SELECT count(*), pg_notify('axa_queue', 'rescan') FROM gone
 """
 
 # Run before a housekeeping statement, in its transaction: none may hold the
@@ -282,20 +370,20 @@ TIMEOUTS = "SELECT set_config('statement_timeout', %(statement)s, true), set_con
 UNHANDLED = """
 WITH RECURSIVE names AS (
     (SELECT 1 AS n, queue, name, backend IS NOT NULL AS task FROM axa_queue
-     WHERE status = 'queued' ORDER BY queue, name, priority DESC, run_at LIMIT 1)
+     WHERE status BETWEEN 'queued' AND 'queued' ORDER BY queue, name, priority DESC, run_at LIMIT 1)
     UNION ALL
     SELECT p.n + 1, x.queue, x.name, x.task FROM names p CROSS JOIN LATERAL (
         SELECT queue, name, backend IS NOT NULL AS task FROM axa_queue
-        WHERE status = 'queued' AND (queue, name) > (p.queue, p.name)
+        WHERE status BETWEEN 'queued' AND 'queued' AND (queue, name) > (p.queue, p.name)
         ORDER BY queue, name, priority DESC, run_at LIMIT 1
     ) AS x WHERE p.n < %(pairs)s
 ), backends AS (
     (SELECT 1 AS n, queue, backend FROM axa_queue
-     WHERE status = 'queued' AND backend IS NOT NULL ORDER BY queue, backend LIMIT 1)
+     WHERE status BETWEEN 'queued' AND 'queued' AND backend IS NOT NULL ORDER BY queue, backend LIMIT 1)
     UNION ALL
     SELECT p.n + 1, x.queue, x.backend FROM backends p CROSS JOIN LATERAL (
         SELECT queue, backend FROM axa_queue
-        WHERE status = 'queued' AND backend IS NOT NULL AND (queue, backend) > (p.queue, p.backend)
+        WHERE status BETWEEN 'queued' AND 'queued' AND backend IS NOT NULL AND (queue, backend) > (p.queue, p.backend)
         ORDER BY queue, backend LIMIT 1
     ) AS x WHERE p.n < %(pairs)s
 ), live AS (
@@ -305,7 +393,7 @@ WITH RECURSIVE names AS (
     SELECT p.name, NULL::text AS backend, p.queue, (
         SELECT count(*) FROM (
             SELECT 1 FROM axa_queue q
-            WHERE q.status = 'queued' AND q.queue = p.queue AND q.name = p.name AND q.run_at <= now()
+            WHERE q.status BETWEEN 'queued' AND 'queued' AND q.queue = p.queue AND q.name = p.name AND q.run_at <= now()
             LIMIT %(cap)s) AS c) AS ready
     FROM names p
     WHERE NOT p.task AND NOT EXISTS (
@@ -314,7 +402,7 @@ WITH RECURSIVE names AS (
     SELECT NULL, p.backend, p.queue, (
         SELECT count(*) FROM (
             SELECT 1 FROM axa_queue q
-            WHERE q.status = 'queued' AND q.backend IS NOT NULL AND q.queue = p.queue
+            WHERE q.status BETWEEN 'queued' AND 'queued' AND q.backend IS NOT NULL AND q.queue = p.queue
               AND q.backend = p.backend AND q.run_at <= now()
             LIMIT %(cap)s) AS c)
     FROM backends p

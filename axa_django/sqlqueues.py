@@ -39,7 +39,7 @@ _QUEUE_WALKS = """
             SELECT c.id, c.priority, c.run_at FROM unnest({names}::text[]) AS n(name)
             CROSS JOIN LATERAL (
                 SELECT id, priority, run_at FROM axa_queue
-                WHERE status = 'queued' AND queue = f.queue AND name = n.name AND backend IS NULL
+                WHERE status BETWEEN 'queued' AND 'queued' AND queue = f.queue AND name = n.name AND backend IS NULL
                   AND run_at <= now()
                 ORDER BY priority DESC, run_at
                 LIMIT f.free
@@ -49,7 +49,8 @@ _QUEUE_WALKS = """
             SELECT t.id, t.priority, t.run_at FROM unnest({backends}::text[]) AS b(backend)
             CROSS JOIN LATERAL (
                 SELECT id, priority, run_at FROM axa_queue
-                WHERE status = 'queued' AND queue = f.queue AND backend = b.backend AND run_at <= now()
+                WHERE status BETWEEN 'queued' AND 'queued' AND queue = f.queue AND backend = b.backend
+                  AND run_at <= now()
                 ORDER BY priority DESC, run_at
                 LIMIT f.free
                 FOR UPDATE SKIP LOCKED
@@ -78,6 +79,8 @@ WHERE q.id = ANY(ARRAY(
 LIMITED_QUEUES = "SELECT queue FROM axa_queue_limit"
 
 # Set, change or remove a queue's limit; idle workers wake at once (delivered at commit).
+# A lifted limit hands the queue's rows back to the plain claim, which may have walked
+# past them (claimlanes.py): it walks from the start.
 SET_LIMIT = """
 WITH old AS (SELECT max_running FROM axa_queue_limit WHERE queue = %(queue)s),
 new AS (
@@ -89,5 +92,5 @@ SELECT (SELECT max_running FROM old), pg_notify('axa_queue', '') FROM new
 """
 REMOVE_LIMIT = """
 WITH gone AS (DELETE FROM axa_queue_limit WHERE queue = %(queue)s RETURNING max_running)
-SELECT max_running, pg_notify('axa_queue', '') FROM gone
+SELECT max_running, pg_notify('axa_queue', 'rescan') FROM gone
 """

@@ -32,6 +32,7 @@ import psycopg
 from django.db import connections
 
 from . import conf, dependencies, housekeeping, registry, sql, unhandled
+from .claimlanes import Lanes
 from .context import JobContext
 from .execution import (
     Claimed,
@@ -157,6 +158,8 @@ class Worker(Connections, Loops, FlowLoops):
         self._signal_queue: queue_module.SimpleQueue[int | None] = queue_module.SimpleQueue()
         self._statements: dict[tuple[str, tuple[str, ...]], str] = {}
         self._queue_claims: dict[tuple[str, ...], QueueClaim] = {}  # by the names it claims
+        self._lanes = Lanes()  # where the plain claim walks from, per (name, priority)
+        self._lane_statements: dict[tuple[tuple[str, ...], tuple[tuple[str, int], ...]], str] = {}
         # The first look waits a lease: workers started together have all registered by then.
         self._next_unhandled = time.monotonic() + self.lease
         self._next_rescue = 0.0
@@ -415,8 +418,7 @@ class Worker(Connections, Loops, FlowLoops):
             rows += self._quieted("queues", self._claim_queues(fast, min(limit, free) - len(rows)), self._stirs)
         if len(rows) < limit and (fast or self.backends) and self._due("plain"):
             stirs = self._stirs
-            params = {"worker": self.id, "limit": limit - len(rows), "ahead": ahead}
-            more = self._execute(self._composed(sql.CLAIM, fast), params)
+            more = self._claim_plain(fast, limit - len(rows), ahead)
             if more is None and not rows:
                 return None
             rows += self._quieted("plain", more or [], stirs) if limited else more or []
@@ -435,6 +437,30 @@ class Worker(Connections, Loops, FlowLoops):
         for job, row in zip(jobs, rows, strict=True):
             self._watch(job, function=registry.get(job.name), timeout=row[10], claimed_at=row[11])
         return jobs
+
+    def _claim_plain(self, names: list[str], limit: int, ahead: bool) -> list[tuple[Any, ...]] | None:
+        """Claim up to ``limit`` rows of jobs without limits, each lane walked from its floor (claimlanes.py)."""
+        params: dict[str, Any] = {"worker": self.id, "limit": limit, "ahead": ahead}
+        lanes = self._lanes
+        bounded = lanes.bounded()
+        if bounded:
+            key = lanes.key()
+            statement = self._lane_statements.get((tuple(names), key))
+            if statement is None:
+                statement = sql.compose(sql.CLAIM_LANES, names, self.backends, self.queues, lanes=key)
+                self._lane_statements[(tuple(names), key)] = statement
+            params["floors"] = lanes.floors()
+        else:
+            statement = self._composed(sql.CLAIM_FULL, names)
+        rows = self._execute(statement, params)
+        if rows is None:
+            lanes.forget()
+            return None
+        claimed = [row[:12] for row in rows if row[0] is not None]
+        snap = next((row[12:] for row in rows if row[0] is None), None)
+        if snap is not None:
+            lanes.learn(claimed, snap, full=not bounded, limit=limit)
+        return claimed
 
     def _claim_queues(self, names: list[str], limit: int) -> list[tuple[Any, ...]]:
         """Claim up to ``limit`` rows of queues with a fleet-wide limit (queuelimits.py), for free threads."""

@@ -239,6 +239,8 @@ class Loops:
                     if note.channel == housekeeping.CANCEL_CHANNEL:
                         housekeeping.relay_cancel(self._lock, self._in_flight, note.payload)
                     else:
+                        if note.payload:
+                            self._lanes.heard(note.payload)  # rows ready behind the claim's floors
                         self._stir()  # rows enqueued, or slots freed on another worker
                     self._wake.set()
             except (psycopg.OperationalError, psycopg.InterfaceError) as error:

@@ -17,6 +17,7 @@ ORDER = [
     "sql",
     "sqlflow",
     "sqlqueues",
+    "claimlanes",
     "signals",
     "dependencies",
     "context",

@@ -511,7 +511,7 @@ def test_the_task_claim_uses_its_index_not_a_scan():
         sql.compose(sql.CLAIM, ["CountWorker"], ["default"], None), {"worker": None, "limit": 4, "ahead": False}
     )
     assert "axa_queue_claim_task" in plan and "axa_queue_claim " in plan.replace("axa_queue_claim_task", ""), plan
-    assert "Seq Scan on axa_queue" not in plan, plan
+    assert "Seq Scan on axa_queue " not in plan, plan  # the table, not axa_queue_limit
 
 
 # -- run_after ------------------------------------------------------------------------

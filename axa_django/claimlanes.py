@@ -1,0 +1,133 @@
+"""Where the plain claim resumes its walk in each lane, so that it never walks the entries of rows it has claimed.
+
+A claim leaves an index entry behind for each row it takes (the row's queued version
+is dead). VACUUM cannot remove such entries while any transaction holds an older
+snapshot (a ``pg_dump``, a long report, a replica with ``hot_standby_feedback``), and
+btree scans cannot mark them dead either: a claim that walks from the start of the
+index walks every one of them, and in an hour of load that is millions.
+
+So the claim walks each lane, a (name, priority) pair, from a floor: the ``run_at`` of
+the newest row it claimed there, held below the ``run_at`` of any row that may still
+appear behind it. A row appears behind the floor when its transaction commits after
+newer rows were claimed: its ``run_at`` is its INSERT's statement time. Each claim
+returns its snapshot's oldest running transaction id (``xmin``), its next id
+(``xmax``) and its time; a transaction running at a claim got its id after the last
+earlier claim whose ``xmax`` is at most that ``xmin``, so its rows' ``run_at`` is at
+least that claim's time (less ``MARGIN``, for a statement that began before it wrote).
+A read-only transaction holding a snapshot has no id: it never holds the floor back.
+
+Rows made ready with an older ``run_at`` (a workflow's child when its last parent
+ends, a resumed queue, rows given back unstarted) announce it: ``lower()`` takes the
+floor down to their time. Lanes not seen yet are walked in full (the priorities
+between known lanes), and every ``FULL_SCAN`` seconds one claim walks every lane from
+the start, for anything else (a row written by hand, the seed's REQUEUE_STALE).
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime
+import queue
+import time
+from collections.abc import Sequence
+from typing import Any
+
+# Seconds a statement may run before its first write gives its transaction an id.
+MARGIN = datetime.timedelta(milliseconds=50)
+# Seconds between claims that walk every lane from its start.
+FULL_SCAN = 2.0
+# Transaction ids and times of past claims kept to place the floor (a ring, oldest first).
+HISTORY = 4096
+
+
+class Lanes:
+    """The plain claim's floors for one worker's dispatcher (one thread: no locking)."""
+
+    def __init__(self) -> None:
+        self.fronts: dict[tuple[str, int], datetime.datetime] = {}
+        # Times handed over by other threads (the listener): applied by the dispatcher.
+        self._lowered: queue.SimpleQueue[datetime.datetime | None] = queue.SimpleQueue()
+        self._xmax: list[int] = []
+        self._at: list[datetime.datetime] = []
+        self._cap: datetime.datetime | None = None  # no row can appear behind this
+        self._next_full = 0.0
+
+    def bounded(self) -> bool:
+        """Whether the next claim may walk from floors (else it walks every lane in full)."""
+        while not self._lowered.empty():
+            when = self._lowered.get_nowait()
+            if when is None:
+                self._next_full = 0.0
+                continue
+            for lane, front in self.fronts.items():
+                if front > when:
+                    self.fronts[lane] = when
+        return self._cap is not None and bool(self.fronts) and time.monotonic() < self._next_full
+
+    def key(self) -> tuple[tuple[str, int], ...]:
+        """The known lanes, in the order ``floors()`` gives their floors."""
+        return tuple(sorted(self.fronts))
+
+    def floors(self) -> str:
+        """Each known lane's floor, as a PostgreSQL array literal of timestamptz."""
+        cap = self._cap
+        assert cap is not None
+        return "{" + ",".join(f'"{min(self.fronts[lane], cap).isoformat()}"' for lane in self.key()) + "}"
+
+    def learn(
+        self,
+        rows: Sequence[Sequence[Any]],
+        snap: Sequence[Any],
+        *,
+        full: bool,
+        limit: int,
+    ) -> None:
+        """Record a claim of up to ``limit`` rows: those it took (name at 1, backend at 5, priority at 7,
+        run_at at 8) and its snapshot (oldest running transaction id, next id, time)."""
+        xmin, xmax, at = snap
+        for row in rows:
+            lane = (row[1], row[7])
+            if row[5] is None and (lane not in self.fronts or self.fronts[lane] < row[8]):
+                self.fronts[lane] = row[8]
+        if full:
+            self._next_full = time.monotonic() + FULL_SCAN
+        self._xmax.append(xmax)
+        self._at.append(at)
+        # The oldest running id only grows, and so do the claims' next ids: the latest
+        # claim whose next id is at most this one's oldest running id stays found.
+        found = bisect.bisect_right(self._xmax, xmin) - 1
+        if found < 0:
+            # A transaction older than every claim kept is still running: walk in full
+            # until it ends (it may yet write rows with its old statement times).
+            self._cap = None
+            if len(self._xmax) > HISTORY:
+                del self._xmax[0], self._at[0]
+            return
+        self._cap = cap = self._at[found] - MARGIN
+        del self._xmax[:found], self._at[:found]
+        if len(rows) < limit:
+            # Every ready row the claim could see was taken: no lane has one below the cap.
+            for lane, front in self.fronts.items():
+                if front < cap:
+                    self.fronts[lane] = cap
+
+    def lower(self, when: datetime.datetime | None) -> None:
+        """Rows with ``run_at`` from ``when`` on became ready (None: any time): walk from there (any thread)."""
+        self._lowered.put(when)
+
+    def heard(self, payload: str) -> None:
+        """Apply a notification's payload: ``ready:<epoch>`` (rows from then on) or ``rescan`` (any thread)."""
+        if payload == "rescan":
+            self.lower(None)
+        elif payload.startswith("ready:"):
+            try:
+                seconds = float(payload[6:])
+            except ValueError:
+                self.lower(None)
+                return
+            # A float holds microseconds only just: a millisecond's slack keeps the row ahead of the floor.
+            self.lower(datetime.datetime.fromtimestamp(seconds - 0.001, tz=datetime.UTC))
+
+    def forget(self) -> None:
+        """Walk every lane in full at the next claim (a new connection, an error)."""
+        self._next_full = 0.0
