@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import ctypes
 import json
+import math
 import os
 import platform
 import shlex
@@ -97,8 +98,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def require_local(url: str) -> None:
     """Refuse a server that is not on this machine: the soak sends traffic to 127.0.0.1 only."""
-    host = psycopg.conninfo.conninfo_to_dict(url).get("host") or ""
-    hosts = [h for h in str(host).split(",") if h]
+    params = psycopg.conninfo.conninfo_to_dict(url)
+    host = ",".join(str(params.get(key) or "") for key in ("host", "hostaddr")).strip(",")
+    hosts = [h for h in host.split(",") if h]
     if any(not (h.startswith("/") or h in LOCAL_HOSTS) for h in hosts):
         raise SystemExit(
             f"soak: DATABASE_URL names host {host!r}; the soak runs against a server on this machine only "
@@ -357,6 +359,8 @@ class Soak:
 
     def hold_snapshot(self, table: str) -> None:
         self.holder = psycopg.connect(self.url, autocommit=True, application_name="axa soak snapshot")
+        # Held on purpose, whatever the server's timeout for idle transactions says.
+        self.holder.execute("SET idle_in_transaction_session_timeout = 0")
         self.holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         self.holder.execute(pgsql.SQL("SELECT 1 FROM {} LIMIT 1").format(pgsql.Identifier(table)))
         self.holder_pid = self.holder.info.backend_pid
@@ -384,7 +388,7 @@ class Soak:
         return bool(self.watch.others())
 
     def close(self) -> None:
-        """Stop what still runs; each step apart so one failure leaves the others done."""
+        """Stop the producer and the worker if they still run, and close the connections."""
         stop(self.producer, 30)
         stop(self.worker, 30)
         for conn in (self.holder, self.watch.conn if self.watch else None):
@@ -524,7 +528,7 @@ def compare(run: Run, total: float) -> dict[str, Any]:
     """The last minute after the warm-up against the first (shorter halves when the run is short)."""
     args = run.args
     span = min(60.0, (total - args.warmup) / 2)
-    span = max(args.interval, round(span / args.interval) * args.interval)
+    span = max(args.interval, math.floor(span / args.interval + 1e-6) * args.interval)  # never overlapping
     timed = [i for i in run.intervals if i.phase != "drain"]
     first = window(timed, args.warmup, args.warmup + span)
     last = window(timed, total - span, total)
@@ -782,6 +786,9 @@ def main() -> None:
             interrupted = True
             print("soak: interrupted; stopping the worker and the producer, dropping the database", file=sys.stderr)
         finally:
+            # A second Ctrl-C must not cut the clean-up short.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             run.close()
             with connect(base_url) as conn:
                 conn.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)))
