@@ -16,8 +16,8 @@ from .sql import CLAIM_RETURNING, CLAIMED
 #   up to date: the triggers of migration 0006 write each change of a keyed row as a
 #   delta, insert-only, and every claim folds the deltas that no other claim is folding
 #   (SKIP LOCKED), into pairs locked in (name, key) order, so two folds never deadlock.
-#   Pairs down to nothing are dropped, those another fold holds left for later. Their
-#   own transaction, so the counters are locked for one statement only.
+#   Pairs down to nothing are dropped. Their own transaction, so that the counters are
+#   locked for two statements only.
 # - LIMITED_PICK walks, per name, the pairs those counts say have queued rows and a
 #   free slot (axa_flow_key_free: pairs at their limit are not in the walk at all, so a
 #   claim never steps over them, however many sort first): first those with none
@@ -39,26 +39,45 @@ from .sql import CLAIM_RETURNING, CLAIMED
 # its row stops running: finished, failed, or rescued with a dead worker's lease.
 LOCK_NAMESPACE = 0x0A7A0001
 RATE_NAMESPACE = 0x0A7A0002
+FOLD_NAMESPACE = 0x0A7A0003
+# One fold at a time: a claim waits for the one under way (a millisecond), then folds
+# what is left, so it walks on counts that hold every change committed before it
+# began (a claim that skipped the fold would walk stale counts, come back empty and
+# wait for a stir). Its snapshot predates the lock: deltas the fold before it took are
+# deleted by then and skipped (FOR UPDATE), never folded twice.
 # Deltas of transactions older than the last fold's snapshot (its xmin: all ended by
 # then) were folded by it, so a fold reads from there on (%(since)s, '0' for all): the
-# dead rows left by earlier folds are not stepped over again. It returns its own xmin.
-FOLD = """
-WITH taken AS (
+# dead rows left by earlier folds are not stepped over again. It returns the xmin to
+# read from next, and leaves the pairs it brought down to nothing in axa.idle. Its
+# commit does not wait for the WAL flush, as the claims' do not (the fold lock would
+# be held over an fsync): a crash loses the fold whole, deltas and counts together.
+FOLD = f"""
+WITH go AS MATERIALIZED (SELECT pg_advisory_xact_lock({FOLD_NAMESPACE}, 0)),
+taken AS (
     DELETE FROM axa_flow_delta WHERE id = ANY(ARRAY(
-        SELECT id FROM axa_flow_delta WHERE xid >= %(since)s::xid8 FOR UPDATE SKIP LOCKED))
+        SELECT id FROM axa_flow_delta WHERE xid >= %(since)s::text::xid8 AND EXISTS (SELECT FROM go)
+        FOR UPDATE SKIP LOCKED))
     RETURNING name, key, queued, running
 ), folded AS (
     INSERT INTO axa_flow_key AS k (name, key, queued, running)
     SELECT name, key, sum(queued), sum(running) FROM taken GROUP BY name, key ORDER BY name, key
     ON CONFLICT (name, key) DO UPDATE SET queued = k.queued + EXCLUDED.queued, running = k.running + EXCLUDED.running
+    RETURNING k.name, k.key, k.queued, k.running
 )
-SELECT pg_snapshot_xmin(pg_current_snapshot())::text
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text, set_config('synchronous_commit', 'off', true),
+    set_config('axa.idle', COALESCE((SELECT jsonb_agg(jsonb_build_object('name', name, 'key', key)) FROM folded
+        WHERE queued = 0 AND running = 0), '[]')::text, true)
 """
-# Only a pair at exactly nothing is dropped: a delta folded later re-creates it from 0.
+# The fold holds those pairs locked to its COMMIT: no other fold can have changed them.
+# Each is found by its key (LATERAL ... LIMIT 1, never made a join: one may scan the table for none).
 DROP_IDLE = """
-DELETE FROM axa_flow_key WHERE (name, key) IN (
-    SELECT name, key FROM axa_flow_key WHERE queued = 0 AND running = 0 FOR UPDATE SKIP LOCKED
-)
+DELETE FROM axa_flow_key WHERE ctid = ANY(ARRAY(
+    SELECT k.ctid FROM jsonb_to_recordset(COALESCE(NULLIF(current_setting('axa.idle', true), ''), '[]')::jsonb)
+        AS p(name text, key text)
+    CROSS JOIN LATERAL (
+        SELECT ctid FROM axa_flow_key WHERE name = p.name AND key = p.key AND queued = 0 AND running = 0 LIMIT 1
+    ) AS k
+))
 """
 _FREE_PAIRS = """
     SELECT n.name, n.cap, w.key, w.part, row_number() OVER () AS step

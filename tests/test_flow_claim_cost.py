@@ -53,7 +53,7 @@ def fold() -> str:
     """Fold the per-key counts as a worker's claim does first (committed, as the worker's is); the fold's xmin."""
     with connection.cursor() as cursor:
         cursor.execute(sqlflow.FOLD, {"since": "0"})
-        (SINCE["since"],) = cursor.fetchone()
+        SINCE["since"] = cursor.fetchone()[0]
         cursor.execute(sqlflow.DROP_IDLE)
         cursor.execute("ANALYZE axa_flow_key")
     return SINCE["since"]

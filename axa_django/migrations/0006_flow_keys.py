@@ -9,7 +9,7 @@ enqueue or a finish never waits on another's row lock, and no two statements loc
 counters in opposite orders); every limited claim first folds the deltas into the
 counts (sqlflow.FOLD). The counts only steer the walk: the claim still counts running
 rows from axa_queue, so a limit is exact even while deltas wait to be folded. TRUNCATE
-of axa_queue empties both tables. Rows already queued or running are counted here.
+of axa_queue empties both tables (by DELETE). Rows already queued or running are counted here.
 """
 
 from django.db import migrations
@@ -24,7 +24,6 @@ CREATE TABLE axa_flow_key (
 ) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
         autovacuum_vacuum_cost_delay = 0);
 CREATE INDEX axa_flow_key_free ON axa_flow_key (name, running, key) WHERE queued > 0;
-CREATE INDEX axa_flow_key_idle ON axa_flow_key (name, key) WHERE queued = 0 AND running = 0;
 CREATE TABLE axa_flow_delta (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name text NOT NULL,
@@ -69,9 +68,18 @@ BEGIN
     RETURN NULL;
 END
 $$;
-CREATE TRIGGER axa_flow_insert AFTER INSERT ON axa_queue FOR EACH ROW
-    WHEN (NEW.concurrency_key IS NOT NULL AND NEW.status IN ('queued', 'running'))
-    EXECUTE FUNCTION axa_flow_count();
+-- Inserts are counted per statement: a bulk enqueue writes one delta per pair, not per row.
+CREATE FUNCTION axa_flow_count_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO axa_flow_delta (name, key, queued, running)
+    SELECT name, concurrency_key, count(*) FILTER (WHERE status = 'queued'), count(*) FILTER (WHERE status = 'running')
+    FROM inserted WHERE concurrency_key IS NOT NULL AND status IN ('queued', 'running')
+    GROUP BY name, concurrency_key;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER axa_flow_insert AFTER INSERT ON axa_queue REFERENCING NEW TABLE AS inserted
+    FOR EACH STATEMENT EXECUTE FUNCTION axa_flow_count_inserted();
 CREATE TRIGGER axa_flow_update AFTER UPDATE OF status, concurrency_key, name ON axa_queue FOR EACH ROW
     WHEN ((OLD.status IS DISTINCT FROM NEW.status OR OLD.concurrency_key IS DISTINCT FROM NEW.concurrency_key
            OR OLD.name IS DISTINCT FROM NEW.name)
@@ -82,9 +90,13 @@ CREATE TRIGGER axa_flow_delete AFTER DELETE ON axa_queue FOR EACH ROW
     WHEN (OLD.concurrency_key IS NOT NULL AND OLD.status IN ('queued', 'running'))
     EXECUTE FUNCTION axa_flow_count();
 
+-- DELETE, not TRUNCATE: a claim reading axa_flow_key and then waiting for axa_queue
+-- would deadlock with a TRUNCATE holding axa_queue and waiting for axa_flow_key. The
+-- deltas go first: a fold holding some is waited for, and the counts it wrote go next.
 CREATE FUNCTION axa_flow_truncate() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    TRUNCATE axa_flow_key, axa_flow_delta;
+    DELETE FROM axa_flow_delta;
+    DELETE FROM axa_flow_key;
     RETURN NULL;
 END
 $$;
@@ -104,6 +116,7 @@ DROP TRIGGER IF EXISTS axa_flow_delete ON axa_queue;
 DROP TRIGGER IF EXISTS axa_flow_update ON axa_queue;
 DROP TRIGGER IF EXISTS axa_flow_insert ON axa_queue;
 DROP FUNCTION IF EXISTS axa_flow_truncate();
+DROP FUNCTION IF EXISTS axa_flow_count_inserted();
 DROP FUNCTION IF EXISTS axa_flow_count();
 DROP TABLE IF EXISTS axa_flow_delta;
 DROP TABLE IF EXISTS axa_flow_key;
