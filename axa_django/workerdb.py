@@ -70,11 +70,14 @@ def connect(using: str, purpose: str) -> psycopg.Connection[Any]:
         # transaction's row locks until it notices the dead peer (hours), and other
         # workers' rescue waiting on them: our transactions never idle, so the server
         # ends such a session after half a lease. (A transaction pooler owns the
-        # session instead: nothing is set there.)
+        # session instead: nothing is set there.) A generic plan made while the queue was
+        # empty would scan the table for as long as it is cached: our statements all have
+        # their index, so a sequential scan is never the plan a worker wants.
         idle = max(100, round(float(conf.get("LEASE_SECONDS")) * 500))
         conn.execute(
             "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), "
-            "set_config('idle_in_transaction_session_timeout', %s, false)",
+            "set_config('idle_in_transaction_session_timeout', %s, false), "
+            "set_config('enable_seqscan', 'off', false)",
             [f"{idle}ms"],
         )
     return conn
