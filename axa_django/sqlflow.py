@@ -12,12 +12,11 @@ from .sql import CLAIM_RETURNING, CLAIMED
 # Jobs with a concurrency limit are claimed apart, so that jobs without one keep the
 # CLAIM of sql.py unchanged. Four statements in one pipeline (one round trip;
 # workerflow.py), in two transactions:
-# - FOLD and DROP_IDLE bring axa_flow_key's per-pair counts of queued and running rows
-#   up to date: the triggers of migration 0006 write each change of a keyed row as a
-#   delta, insert-only, and every claim folds the deltas that no other claim is folding
-#   (SKIP LOCKED), into pairs locked in (name, key) order, so two folds never deadlock.
-#   Pairs down to nothing are dropped. Their own transaction, so that the counters are
-#   locked for two statements only.
+# - FOLD brings axa_flow_key's per-pair counts of queued and running rows up to date:
+#   the triggers of migration 0006 write each change of a keyed row as a delta,
+#   insert-only, and every claim folds those not folded yet into the pairs, locked in
+#   (name, key) order. Its own transaction, so that the counters are locked for one
+#   statement only.
 # - LIMITED_PICK walks, per name, the pairs those counts say have queued rows and a
 #   free slot (axa_flow_key_free: pairs at their limit are not in the walk at all, so a
 #   claim never steps over them, however many sort first): first those with none
@@ -48,7 +47,7 @@ FOLD_NAMESPACE = 0x0A7A0003
 # Deltas of transactions older than the last fold's snapshot (its xmin: all ended by
 # then) were folded by it, so a fold reads from there on (%(since)s, '0' for all): the
 # dead rows left by earlier folds are not stepped over again. It returns the xmin to
-# read from next, and leaves the pairs it brought down to nothing in axa.idle. Its
+# read from next. Its
 # commit does not wait for the WAL flush, as the claims' do not (the fold lock would
 # be held over an fsync): a crash loses the fold whole, deltas and counts together.
 FOLD = f"""
@@ -62,21 +61,18 @@ taken AS (
     INSERT INTO axa_flow_key AS k (name, key, queued, running)
     SELECT name, key, sum(queued), sum(running) FROM taken GROUP BY name, key ORDER BY name, key
     ON CONFLICT (name, key) DO UPDATE SET queued = k.queued + EXCLUDED.queued, running = k.running + EXCLUDED.running
-    RETURNING k.name, k.key, k.queued, k.running
 )
-SELECT pg_snapshot_xmin(pg_current_snapshot())::text, set_config('synchronous_commit', 'off', true),
-    set_config('axa.idle', COALESCE((SELECT jsonb_agg(jsonb_build_object('name', name, 'key', key)) FROM folded
-        WHERE queued = 0 AND running = 0), '[]')::text, true)
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text, set_config('synchronous_commit', 'off', true)
 """
-# The fold holds those pairs locked to its COMMIT: no other fold can have changed them.
-# Each is found by its key (LATERAL ... LIMIT 1, never made a join: one may scan the table for none).
+# Pairs down to nothing are left to housekeeping (once a minute; they are not in the
+# walk's index): dropped in the hot path, each job of a key of its own paid for a
+# delete under the fold lock. A pair a fold holds is passed over; one given rows again
+# meanwhile is not dropped (FOR UPDATE reads the newest version). Never in a
+# transaction that reads axa_queue: a TRUNCATE of it (axa_flow_truncate) would wait
+# for the rows it holds while it waits for axa_queue.
 DROP_IDLE = """
 DELETE FROM axa_flow_key WHERE ctid = ANY(ARRAY(
-    SELECT k.ctid FROM jsonb_to_recordset(COALESCE(NULLIF(current_setting('axa.idle', true), ''), '[]')::jsonb)
-        AS p(name text, key text)
-    CROSS JOIN LATERAL (
-        SELECT ctid FROM axa_flow_key WHERE name = p.name AND key = p.key AND queued = 0 AND running = 0 LIMIT 1
-    ) AS k
+    SELECT ctid FROM axa_flow_key WHERE queued = 0 AND running = 0 LIMIT 10000 FOR UPDATE SKIP LOCKED
 ))
 """
 _FREE_PAIRS = """

@@ -150,7 +150,6 @@ class FlowLoops:
                     if now >= self._next_full_fold:
                         self._fold_since, self._next_full_fold = "0", now + FULL_FOLD_SECONDS
                     fold = conn.execute(sqlflow.FOLD, {"since": self._fold_since})
-                    conn.execute(sqlflow.DROP_IDLE)
                     pipeline.sync()
                 # A rate claim locks its pairs (then takes one row of each whose token is
                 # due), a concurrency claim the rows themselves.
@@ -198,9 +197,12 @@ class FlowLoops:
         """Give rows of limited jobs written without a key (by SQL, the seed, another service) the shared key.
 
         The limited claims walk keyed rows only, and the plain claim leaves limited names
-        alone: unkeyed rows would otherwise wait forever.
+        alone: unkeyed rows would otherwise wait forever. Also drops the per-pair counts
+        down to nothing (sqlflow.DROP_IDLE), left there by the folds.
         """
         limits, steps = self._keyed(names)
+        if limits:
+            self._execute(sqlflow.DROP_IDLE, {}, bounded=True)
         for column, limited in (("concurrency_key", sorted(limits)), ("rate_key", sorted(steps))):
             if limited:
                 rows = self._execute(sqlflow.ADOPT_UNKEYED.format(column=column), {"names": limited}, bounded=True)

@@ -152,12 +152,11 @@ def limited_claims(worker: Worker, rounds: int) -> tuple[int, list[float], list[
         for _ in range(rounds):
             with conn.transaction(force_rollback=True):
                 began = time.perf_counter()
-                for query, values in ((sqlflow.FOLD, SINCE), (sqlflow.DROP_IDLE, {}), (pick, walk), (claim, params)):
+                for query, values in ((sqlflow.FOLD, SINCE), (pick, walk), (claim, params)):
                     cursor.execute(query, values)
                 times.append((time.perf_counter() - began) * 1000)
         with conn.transaction(force_rollback=True):
             total = explained_without_scan(cursor, sqlflow.FOLD, SINCE)
-            total += explained_without_scan(cursor, sqlflow.DROP_IDLE, {})
             total += explained_without_scan(cursor, pick, walk)
             cursor.execute(pick, walk)
             total += explained_without_scan(cursor, claim, params)  # ANALYZE claims the rows
