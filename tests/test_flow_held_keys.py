@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from axa_django import Job
+from axa_django import Job, sqlflow
 from tests.conftest import AXA_APPS, wait_for
 from tests.test_flow_concurrency import intervals, most_at_once
 from tests.testapp import flow_jobs
@@ -94,3 +94,46 @@ def _registered() -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM axa_worker")
         return cursor.fetchone()[0]
+
+
+def counts() -> tuple[list[tuple[str, str, int, int]], list[tuple[str, str, int, int]]]:
+    """axa_flow_key once folded (pairs with anything in them), and the same counted from axa_queue."""
+    with connection.cursor() as cursor:
+        cursor.execute(sqlflow.FOLD, {"since": "0"})
+        cursor.execute(
+            "SELECT name, key, queued, running FROM axa_flow_key WHERE queued <> 0 OR running <> 0 ORDER BY 1, 2"
+        )
+        kept = cursor.fetchall()
+        cursor.execute(
+            "SELECT name, concurrency_key, count(*) FILTER (WHERE status = 'queued'), "
+            "count(*) FILTER (WHERE status = 'running') FROM axa_queue "
+            "WHERE concurrency_key IS NOT NULL AND status IN ('queued', 'running') GROUP BY 1, 2 ORDER BY 1, 2"
+        )
+        return kept, cursor.fetchall()
+
+
+def test_the_per_key_counts_follow_every_change_of_a_keyed_row() -> None:
+    rows = PER.perform_later_many([{"account": f"a{i % 3}"} for i in range(9)])
+    flow_jobs.one_per_account.perform_later(7)
+    flow_jobs.unlimited.perform_later()  # no key: not counted
+    ids = [row.pk for row in rows]
+    Job.objects.filter(pk__in=ids[:4]).update(status="running")
+    Job.objects.filter(pk=ids[0]).update(status="completed")
+    Job.objects.filter(pk=ids[1]).update(status="queued")  # a retry
+    Job.objects.filter(pk=ids[4]).update(status="cancelled")
+    Job.objects.filter(pk=ids[5]).update(concurrency_key="b")  # moved to another key
+    Job.objects.filter(pk=ids[6]).update(concurrency_key=None)  # and out of the counts
+    Job.objects.filter(pk=ids[6]).update(concurrency_key="")  # adopted under the shared key
+    Job.objects.filter(pk=ids[7]).delete()
+    kept, truth = counts()
+    assert kept == truth and len(truth) == 6, (kept, truth)
+    # Pairs down to nothing are dropped.
+    Job.objects.filter(concurrency_key="b").update(status="completed")
+    with connection.cursor() as cursor:
+        cursor.execute(sqlflow.FOLD, {"since": "0"})
+        cursor.execute(sqlflow.DROP_IDLE)
+        cursor.execute("SELECT count(*) FROM axa_flow_key WHERE key = 'b'")
+        assert cursor.fetchone()[0] == 0
+        cursor.execute("TRUNCATE axa_queue CASCADE")
+        cursor.execute("SELECT (SELECT count(*) FROM axa_flow_key) + (SELECT count(*) FROM axa_flow_delta)")
+        assert cursor.fetchone()[0] == 0
