@@ -198,6 +198,11 @@ def compose(
     return _SLOT.sub(literal, text)
 
 
+# Statements that find rows by id say "running" as status || '' = 'running' and compare
+# worker_id with IS NOT DISTINCT FROM: no index can take either, so the rows are found
+# by primary key alone. Through axa_queue_running or axa_queue_status, a plan would read
+# the entry of every row that was ever running, which a held snapshot keeps (claimlanes.py).
+
 # Record outcomes; a row is only written while still running under this worker. The
 # batch comes as one JSON array (execution.finish), a single parameter to send: the
 # result nested as {"v": ...} so that a JSON null stays a JSON null. A job with
@@ -216,7 +221,7 @@ SET status = v.status,
     updated_at = now()
 FROM jsonb_to_recordset(%(outcomes)s::jsonb)
     AS v(id uuid, status text, error text, result jsonb, entry jsonb, delay float8, started float8)
-WHERE q.id = v.id AND q.status = 'running' AND q.worker_id IS NOT DISTINCT FROM %(worker)s
+WHERE q.id = v.id AND q.status || '' = 'running' AND q.worker_id IS NOT DISTINCT FROM %(worker)s
   AND NOT q.has_children
 RETURNING q.id, set_config('synchronous_commit', 'off', true)
 """
@@ -228,12 +233,16 @@ VALUES (%(worker)s, %(hostname)s, %(pid)s, %(concurrency)s, %(queues)s::jsonb, %
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 """
 
-# Heartbeat, and collect cancellations asked of this worker's running jobs.
+# Heartbeat, and collect cancellations asked of this worker's running jobs. The jobs are
+# found by their ids (the worker's in flight), never through axa_queue_running by worker
+# id: under a held snapshot, that walk reads every row this worker ever ran, and a
+# heartbeat slowed past its timeout would have the worker taken for dead.
 HEARTBEAT = """
 WITH beat AS (UPDATE axa_worker SET heartbeat_at = now() WHERE id = %(worker)s RETURNING id)
 SELECT (SELECT count(*) FROM beat),
        ARRAY(SELECT id FROM axa_queue
-             WHERE worker_id = %(worker)s AND status = 'running' AND cancel_requested),
+             WHERE id = ANY(%(ids)s::uuid[]) AND worker_id IS NOT DISTINCT FROM %(worker)s
+               AND status || '' = 'running' AND cancel_requested),
        set_config('synchronous_commit', 'off', true)
 """
 
@@ -313,11 +322,13 @@ SET status = 'queued', started_at = NULL, worker_id = NULL, run_at = now(), upda
         'attempt', attempts, 'at', now(), 'worker', worker_id, 'type', 'Interrupted',
         'message', 'the worker was stopped before this job finished; the job was queued again',
         'traceback', ''))
-WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running' AND worker_id = %(worker)s
+WHERE id = ANY(%(ids)s::uuid[]) AND status || '' = 'running' AND worker_id IS NOT DISTINCT FROM %(worker)s
 """
 
 # Record when threads started rows claimed ahead (their started_at is NULL until then).
-# A row locked meanwhile is passed over, never waited for: a job completing itself in
+# By id alone (IS NOT DISTINCT FROM keeps axa_queue_running out of the plan: under a held
+# snapshot it holds every row this worker ever ran). A row locked meanwhile is passed
+# over, never waited for: a job completing itself in
 # its own transaction (COMPLETE_SELF) holds its row until that commits, and writes
 # started_at itself; the dispatcher must not stop claiming behind it.
 MARK_STARTED = """
@@ -325,7 +336,8 @@ UPDATE axa_queue q SET started_at = to_timestamp(v.at)
 FROM unnest(%(ids)s::uuid[], %(at)s::float8[]) AS v(id, at)
 WHERE q.id = v.id AND q.id = ANY(ARRAY(
     SELECT l.id FROM axa_queue l
-    WHERE l.id = ANY(%(ids)s::uuid[]) AND l.status = 'running' AND l.worker_id = %(worker)s AND l.started_at IS NULL
+    WHERE l.id = ANY(%(ids)s::uuid[]) AND l.status || '' = 'running' AND l.worker_id IS NOT DISTINCT FROM %(worker)s
+      AND l.started_at IS NULL
     FOR UPDATE SKIP LOCKED
 ))
 RETURNING set_config('synchronous_commit', 'off', true)
@@ -339,7 +351,7 @@ WITH given AS (
     UPDATE axa_queue
     SET status = 'queued', started_at = NULL, worker_id = NULL, attempts = GREATEST(attempts - 1, 0),
         updated_at = now()
-    WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running' AND worker_id = %(worker)s
+    WHERE id = ANY(%(ids)s::uuid[]) AND status || '' = 'running' AND worker_id IS NOT DISTINCT FROM %(worker)s
     RETURNING id
 )
 SELECT count(*), pg_notify('axa_queue', 'rescan') FROM given HAVING count(*) > 0
@@ -456,6 +468,6 @@ COMPLETE_SELF = """
 UPDATE axa_queue
 SET status = 'completed', result = %(result)s::jsonb, finished_at = now(), updated_at = now(),
     started_at = COALESCE(started_at, to_timestamp(%(started)s))
-WHERE id = %(id)s AND status = 'running' AND worker_id IS NOT DISTINCT FROM %(worker)s
+WHERE id = %(id)s AND status || '' = 'running' AND worker_id IS NOT DISTINCT FROM %(worker)s
 RETURNING has_children
 """

@@ -121,7 +121,9 @@ class Loops:
                     conn = connect(self.using, "heartbeat")
                 with conn.transaction(), conn.cursor() as cursor:
                     cursor.execute(sql.TIMEOUTS, {"statement": timeout, "lock": timeout})
-                    cursor.execute(sql.HEARTBEAT, {"worker": self.id})
+                    with self._lock:
+                        ids = list(self._in_flight)
+                    cursor.execute(sql.HEARTBEAT, {"worker": self.id, "ids": ids})
                     alive, cancelled, _ = cursor.fetchone() or (1, [], None)
                     if not alive:
                         # Our row was taken for dead (we were cut off past the lease): rejoin.

@@ -75,6 +75,8 @@ def hold_rows_behind_a_gate(workers, log_file, tmp_path):
     prefetch_jobs.held.perform_later_many([{"token": f"b{i}", "log": log_file} for i in range(30)])
     proc = workers.start("--concurrency", "1", env=workers.env(AXA_LOG_LEVEL="INFO"))
     wait_for(lambda: "gate 1" in Path(log_file).read_text(), what="the gate to start")
+    # The 30 jobs before the gate have run; their outcomes may still be on their way.
+    wait_for(lambda: Job.objects.filter(status="completed").count() == 30, what="the first jobs' outcomes")
     ahead = wait_for(
         lambda: list(Job.objects.filter(status="running").exclude(pk=gate.pk).values_list("pk", flat=True)),
         what="rows claimed ahead of the busy thread",
