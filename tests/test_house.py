@@ -94,7 +94,13 @@ def test_the_migration_adds_the_notify_trigger_and_storage_parameters():
         triggers = cursor.fetchall()
         cursor.execute("SELECT relname, reloptions FROM pg_class WHERE relname = ANY(%s)", [list(TABLES)])
         options = dict(cursor.fetchall())
-    assert triggers == [("axa_queue_notify", "axa_queue_notify")]
+    assert sorted(triggers) == [
+        ("axa_flow_delete", "axa_flow_count"),  # the per-key counts of limited jobs (0006)
+        ("axa_flow_insert", "axa_flow_count_inserted"),
+        ("axa_flow_truncate", "axa_flow_truncate"),
+        ("axa_flow_update", "axa_flow_count"),
+        ("axa_queue_notify", "axa_queue_notify"),
+    ]
     assert sorted(options["axa_queue"]) == sorted(
         [
             "fillfactor=70",
