@@ -15,6 +15,7 @@ import django
 import psycopg
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
+from django.db.migrations.executor import MigrationExecutor
 
 from . import conf, dberrors, sql
 
@@ -193,10 +194,25 @@ class Connections:
 
     def _check_tables(self) -> None:
         rows = self._execute("SELECT to_regclass('axa_queue') IS NULL OR to_regclass('axa_worker') IS NULL", {})
+        name = connections[self.using].settings_dict.get("NAME")
         if rows and rows[0][0]:
             self._close(self._conn)
-            name = connections[self.using].settings_dict.get("NAME")
             raise NotMigrated(f"the queue tables do not exist in database {name!r}: run python manage.py migrate first")
+        # Tables of an older release: every statement naming a newer column would fail
+        # while the worker idled, so it says so now, as for missing tables.
+        try:
+            executor = MigrationExecutor(connections[self.using])
+            targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == "axa_django"]
+            plan = executor.migration_plan(targets)
+            missing = [migration.name for migration, _ in plan if migration.app_label == "axa_django"]
+        finally:
+            connections[self.using].close()
+        if missing:
+            self._close(self._conn)
+            raise NotMigrated(
+                f"database {name!r} lacks migration(s) {', '.join(missing)} of axa_django, which this version "
+                "needs: run python manage.py migrate first"
+            )
 
     def _check_pooler(self) -> None:
         """Refuse, or fall back from, what a transaction pooler (PgBouncer) breaks.
