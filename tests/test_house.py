@@ -59,6 +59,7 @@ def test_the_app_has_one_initial_migration():
         "0003_workflow.py",
         "0004_ops.py",
         "0005_losses.py",
+        "0006_flow_keys.py",
     ]
 
 
