@@ -8,7 +8,7 @@ import json
 import math
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -368,7 +368,7 @@ def _typed_dict(kind: Any, seen: frozenset[int]) -> Check | None:
 
 def _compile(annotation: Any, seen: frozenset[int] = frozenset()) -> Check | None:
     """A check for ``annotation``; None when any value passes or the annotation is not one we check."""
-    simple = _SIMPLE.get(annotation) if isinstance(annotation, typing.Hashable) else None
+    simple = _SIMPLE.get(annotation) if isinstance(annotation, Hashable) else None
     if simple is not None:
         return simple
     supertype = getattr(annotation, "__supertype__", None)  # NewType("UserId", int)
