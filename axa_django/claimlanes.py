@@ -38,6 +38,9 @@ MARGIN = datetime.timedelta(milliseconds=50)
 FULL_SCAN = 2.0
 # Transaction ids and times of past claims kept to place the floor (a ring, oldest first).
 HISTORY = 4096
+# Lanes given a floor; priorities past them are walked from their start (a project that
+# spreads its priorities wide keeps a claim statement of bounded size).
+MAX_LANES = 32
 
 
 class Lanes:
@@ -87,7 +90,9 @@ class Lanes:
         xmin, xmax, at = snap
         for row in rows:
             lane = (row[1], row[7])
-            if row[5] is None and (lane not in self.fronts or self.fronts[lane] < row[8]):
+            if row[5] is not None or (lane not in self.fronts and len(self.fronts) >= MAX_LANES):
+                continue
+            if lane not in self.fronts or self.fronts[lane] < row[8]:
                 self.fronts[lane] = row[8]
         if full:
             self._next_full = time.monotonic() + FULL_SCAN

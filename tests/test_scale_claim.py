@@ -14,7 +14,7 @@ from django.db import connection
 from django.utils import timezone
 
 from axa_django import Job, dependencies, sql
-from axa_django.claimlanes import Lanes
+from axa_django.claimlanes import MAX_LANES, Lanes
 from axa_django.worker import connect
 from tests.conftest import AXA_APPS, wait_for
 from tests.testapp import jobs
@@ -257,3 +257,22 @@ def test_the_claims_keep_their_plan_whatever_the_statistics(state):
             [[NAME]],
         )
         assert "axa_queue_ready" in "\n".join(row[0] for row in cursor.fetchall())
+
+
+def test_lanes_stay_few_whatever_priorities_a_project_uses():
+    with connect("default", "test claimer") as conn:
+        conn.autocommit = True
+        for priority in range(100):
+            enqueue(conn, 1, priority=priority)
+        claimer = Claimer(conn, [NAME])
+        batches = []
+        while rows := claimer.claim():
+            batches.append([row[7] for row in rows])
+            claimer.finish(rows)
+        assert sorted(p for batch in batches for p in batch) == list(range(100))
+        assert all(min(a) > max(b) for a, b in zip(batches, batches[1:], strict=False))  # best first, every claim
+        assert len(claimer.lanes.key()) == MAX_LANES
+        enqueue(conn, 1, priority=7)  # a priority past the lanes: walked from its start
+        enqueue(conn, 1, priority=99)
+        assert claimer.lanes.bounded()
+        assert sorted(row[7] for row in claimer.claim()) == [7, 99]
