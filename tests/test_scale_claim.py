@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import itertools
 import os
 import re
 import signal
@@ -270,7 +271,7 @@ def test_lanes_stay_few_whatever_priorities_a_project_uses():
             batches.append([row[7] for row in rows])
             claimer.finish(rows)
         assert sorted(p for batch in batches for p in batch) == list(range(100))
-        assert all(min(a) > max(b) for a, b in zip(batches, batches[1:], strict=False))  # best first, every claim
+        assert all(min(a) > max(b) for a, b in itertools.pairwise(batches))  # best first, every claim
         assert len(claimer.lanes.key()) == MAX_LANES
         enqueue(conn, 1, priority=7)  # a priority past the lanes: walked from its start
         enqueue(conn, 1, priority=99)
