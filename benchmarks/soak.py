@@ -125,6 +125,11 @@ class Interval:
     claim_buffers: int | None = None
     claim_ms: float | None = None
     claim_indexes: list[str] | None = None
+    # The real claims' walk, from the server's counters: the index of the jobs table that
+    # returned the most entries in the interval, and its entries per scan (a dead entry
+    # counts: it is read before its row is found dead).
+    walk_index: str | None = None
+    walk_per_scan: float | None = None
     worker_cores: float = 0.0
     pg_cores: float = 0.0  # the worker's own backends (over a Unix socket: the whole server)
     server_cores: float = 0.0  # every process of the server, whoever's work
@@ -188,6 +193,22 @@ class Watch:
         self.backlog_sql = pgsql.SQL("SELECT count(*) FROM {} WHERE status = 'queued'").format(
             pgsql.Identifier(tables[0])
         )
+        self.index_counters: dict[str, tuple[int, int]] = {}
+
+    def index_walk(self, into: Interval) -> None:
+        """The busiest index walk of the interval: entries read per scan, from pg_stat_user_indexes."""
+        rows = self.conn.execute(
+            "SELECT indexrelname, idx_scan, idx_tup_read FROM pg_stat_user_indexes WHERE relname = ANY(%s)",
+            [self.tables],
+        ).fetchall()
+        busiest: tuple[int, str, int] | None = None
+        for name, scans, read in rows:
+            before_scans, before_read = self.index_counters.get(name, (scans, read))
+            self.index_counters[name] = (scans, read)
+            if scans > before_scans and (busiest is None or read - before_read > busiest[0]):
+                busiest = (read - before_read, name, scans - before_scans)
+        if busiest is not None:
+            into.walk_index, into.walk_per_scan = busiest[1], busiest[0] / busiest[2]
 
     def backlog(self) -> int:
         return self.conn.execute(self.backlog_sql).fetchone()[0]
@@ -421,17 +442,18 @@ def ms(value: float | None) -> str:
 
 HEAD = (
     f"{'s':>6} {'enq/s':>7} {'done/s':>7} {'backlog':>9} {'p50 ms':>9} {'p99 ms':>9} {'dead tup':>10} "
-    f"{'idx MB':>7} {'claim buf':>9} {'claim ms':>8} {'cores wrk/pg':>12}"
+    f"{'idx MB':>7} {'claim buf':>9} {'claim ms':>8} {'walk/scan':>9} {'cores wrk/pg':>12}"
 )
 
 
 def line(i: Interval) -> str:
     claim_buf = "-" if i.claim_buffers is None else f"{i.claim_buffers:,}"
     claim_ms = "-" if i.claim_ms is None else f"{i.claim_ms:.2f}"
+    walk = "-" if i.walk_per_scan is None else f"{i.walk_per_scan:,.1f}"
     return (
         f"{i.t:>6.0f} {i.enqueued_per_s:>7,.0f} {i.done_per_s:>7,.0f} {i.backlog or 0:>9,} {ms(i.p(50)):>9} "
         f"{ms(i.p(99)):>9} {i.dead_tuples or 0:>10,} {(i.index_bytes or 0) / 2**20:>7.1f} {claim_buf:>9} "
-        f"{claim_ms:>8} {i.worker_cores:>5.2f}/{i.pg_cores:<5.2f}  {i.phase}"
+        f"{claim_ms:>8} {walk:>9} {i.worker_cores:>5.2f}/{i.pg_cores:<5.2f}  {i.phase}"
     )
 
 
@@ -506,6 +528,7 @@ class Run:
         try:
             interval.backlog = self.watch.backlog()
             self.watch.table_figures(interval)
+            self.watch.index_walk(interval)
             self.watch.explain_claim(interval)
             if self.soak.holder is not None:
                 interval.snapshot_xmin_age = self.watch.xmin_age(self.soak.holder_pid)
@@ -537,6 +560,7 @@ def compare(run: Run, total: float) -> dict[str, Any]:
         pickups = [p for i in part for p in i.pickups]
         claims = [i.claim_buffers for i in part if i.claim_buffers is not None]
         claim_ms = [i.claim_ms for i in part if i.claim_ms is not None]
+        walks = [i.walk_per_scan for i in part if i.walk_per_scan is not None]
         seconds = len(part) * args.interval
         return {
             "from_s": part[0].t - args.interval if part else None,
@@ -545,6 +569,7 @@ def compare(run: Run, total: float) -> dict[str, Any]:
             "p99_ms": percentile(pickups, 99),
             "buffers_per_claim": statistics.mean(claims) if claims else None,
             "claim_ms": statistics.mean(claim_ms) if claim_ms else None,
+            "walk_per_scan": statistics.mean(walks) if walks else None,
             "enqueued_per_s": sum(i.enqueued_per_s for i in part) * args.interval / seconds if seconds else 0.0,
             "done_per_s": sum(i.done_per_s for i in part) * args.interval / seconds if seconds else 0.0,
         }
@@ -554,6 +579,7 @@ def compare(run: Run, total: float) -> dict[str, Any]:
     out: dict[str, Any] = {"window_s": span, "first": a, "last": b, "backlog_at_end": end_backlog}
     out["p50_ratio"] = ratio(b["p50_ms"], a["p50_ms"])
     out["buffers_ratio"] = ratio(b["buffers_per_claim"], a["buffers_per_claim"])
+    out["walk_ratio"] = ratio(b["walk_per_scan"], a["walk_per_scan"])
     out["backlog_seconds_of_work"] = end_backlog / b["done_per_s"] if end_backlog and b["done_per_s"] else 0.0
     out["drained_over_enqueued_last"] = ratio(b["done_per_s"], b["enqueued_per_s"])
     if args.release_at is not None:
@@ -590,9 +616,14 @@ def describe_compare(c: dict[str, Any], claim_note: str) -> str:
         if a["buffers_per_claim"] is not None and b["buffers_per_claim"] is not None
         else f"buffers per claim n/a ({claim_note})"
     )
+    walk = (
+        f"entries per index scan {a['walk_per_scan']:,.1f} -> {b['walk_per_scan']:,.1f} ({times(c['walk_ratio'])})"
+        if a["walk_per_scan"] is not None and b["walk_per_scan"] is not None
+        else "entries per index scan n/a"
+    )
     text = (
         f"{head} ({a['from_s']:g}-{a['to_s']:g} s vs {b['from_s']:g}-{b['to_s']:g} s): "
-        f"pickup p50 {ms(a['p50_ms'])} -> {ms(b['p50_ms'])} ms ({times(c['p50_ratio'])}); {buffers}; "
+        f"pickup p50 {ms(a['p50_ms'])} -> {ms(b['p50_ms'])} ms ({times(c['p50_ratio'])}); {buffers}; {walk}; "
         f"backlog at end {c['backlog_at_end'] or 0:,} ({c['backlog_seconds_of_work']:,.1f} s of work at "
         f"{b['done_per_s']:,.0f} jobs/s); drained/enqueued in the last {span} "
         + ("n/a" if c["drained_over_enqueued_last"] is None else f"{c['drained_over_enqueued_last']:.2f}")
