@@ -70,7 +70,8 @@ def _drop(name: str) -> None:
 
 
 INTERVAL_LINE = re.compile(
-    r"^\s+\d+ +[\d,]+ +[\d,]+ +[\d,]+ +[\d.,-]+ +[\d.,-]+ +[\d,]+ +[\d.]+ +[\d,]+ +[\d.]+ +[\d.]+/[\d.]+ +(warmup|held|open|drain)$"
+    r"^\s+\d+ +[\d,]+ +[\d,]+ +[\d,]+ +[\d.,-]+ +[\d.,-]+ +[\d,]+ +[\d.]+ +[\d,]+ +[\d.]+ +[\d.,-]+ +[\d.]+/[\d.]+"
+    r" +(warmup|held|open|drain)$"
 )
 
 
@@ -95,7 +96,14 @@ def test_the_soak_prints_its_lines_and_counts_every_job_once(tmp_path):
     assert timed[0].endswith("warmup") and timed[1].endswith("held") and timed[2].endswith("open"), stdout
     assert any("snapshot held: BEGIN ISOLATION LEVEL REPEATABLE READ" in line for line in lines), stdout
     summary = next(line for line in lines if " vs first " in line)
-    for part in ("pickup p50", "buffers per claim", "backlog at end", "drained/enqueued", "released at 2 s"):
+    for part in (
+        "pickup p50",
+        "buffers per claim",
+        "entries per index scan",
+        "backlog at end",
+        "drained/enqueued",
+        "released at 2 s",
+    ):
         assert part in summary, summary
     assert re.search(r"cpu per job, 1-3 s \([\d,]+ jobs\): worker [\d.]+ ms; PostgreSQL ([\d.]+ ms|n/a)", stdout), (
         stdout
