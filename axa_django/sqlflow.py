@@ -39,23 +39,26 @@ from .sql import CLAIM_RETURNING, CLAIMED
 LOCK_NAMESPACE = 0x0A7A0001
 RATE_NAMESPACE = 0x0A7A0002
 FOLD_NAMESPACE = 0x0A7A0003
-# One fold at a time: a claim waits for the one under way (a millisecond), then folds
-# what is left, so it walks on counts that hold every change committed before it
-# began (a claim that skipped the fold would walk stale counts, come back empty and
-# wait for a stir). Its snapshot predates the lock: deltas the fold before it took are
-# deleted by then and skipped (FOR UPDATE), never folded twice.
-# Deltas of transactions older than the last fold's snapshot (its xmin: all ended by
-# then) were folded by it, so a fold reads from there on (%(since)s, '0' for all): the
-# dead rows left by earlier folds are not stepped over again. It returns the xmin to
-# read from next. Its
-# commit does not wait for the WAL flush, as the claims' do not (the fold lock would
-# be held over an fsync): a crash loses the fold whole, deltas and counts together.
-FOLD = f"""
-WITH go AS MATERIALIZED (SELECT pg_advisory_xact_lock({FOLD_NAMESPACE}, 0)),
-taken AS (
+# One fold at a time: a claim with deltas to fold waits for the fold under way (a
+# millisecond: FOLD_LOCK), then FOLD, a new statement with a new snapshot, folds every
+# delta committed before it, so the claim walks on counts that hold every change
+# committed before it began. A snapshot taken before the lock would miss the deltas
+# committed while it waited: the claim would walk a finished job's slot as still
+# taken, come back empty, and wait for a stir (a fleet of six burst workers on 12 keys
+# took 60 s instead of 6). Deltas of transactions older than the last fold's snapshot
+# (its xmin: all ended by then) were folded by it, so a fold reads from there on
+# (%(since)s, '0' for all): the dead rows left by earlier folds are not stepped over
+# again. FOLD returns the xmin to read from next. Its commit does not wait for the WAL
+# flush, as the claims' do not (the fold lock would be held over an fsync): a crash
+# loses the fold whole, deltas and counts together.
+FOLD_LOCK = f"""
+SELECT pg_advisory_xact_lock({FOLD_NAMESPACE}, 0)
+FROM (SELECT FROM axa_flow_delta WHERE xid >= %(since)s::text::xid8 LIMIT 1) AS pending
+"""
+FOLD = """
+WITH taken AS (
     DELETE FROM axa_flow_delta WHERE id = ANY(ARRAY(
-        SELECT id FROM axa_flow_delta WHERE xid >= %(since)s::text::xid8 AND EXISTS (SELECT FROM go)
-        FOR UPDATE SKIP LOCKED))
+        SELECT id FROM axa_flow_delta WHERE xid >= %(since)s::text::xid8 FOR UPDATE SKIP LOCKED))
     RETURNING name, key, queued, running
 ), folded AS (
     INSERT INTO axa_flow_key AS k (name, key, queued, running)

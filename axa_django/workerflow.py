@@ -149,6 +149,7 @@ class FlowLoops:
                     now = time.monotonic()
                     if now >= self._next_full_fold:
                         self._fold_since, self._next_full_fold = "0", now + FULL_FOLD_SECONDS
+                    conn.execute(sqlflow.FOLD_LOCK, {"since": self._fold_since})
                     fold = conn.execute(sqlflow.FOLD, {"since": self._fold_since})
                     pipeline.sync()
                 # A rate claim locks its pairs (then takes one row of each whose token is

@@ -152,7 +152,8 @@ def limited_claims(worker: Worker, rounds: int) -> tuple[int, list[float], list[
         for _ in range(rounds):
             with conn.transaction(force_rollback=True):
                 began = time.perf_counter()
-                for query, values in ((sqlflow.FOLD, SINCE), (pick, walk), (claim, params)):
+                steps = ((sqlflow.FOLD_LOCK, SINCE), (sqlflow.FOLD, SINCE), (pick, walk), (claim, params))
+                for query, values in steps:
                     cursor.execute(query, values)
                 times.append((time.perf_counter() - began) * 1000)
         with conn.transaction(force_rollback=True):
