@@ -9,7 +9,7 @@ import django
 from axa_django.devdb import database
 from tests.cleanup import exit_cleanly_on_sigterm, remove_at_exit
 
-if "DATABASE_URL" not in os.environ:
+if not os.environ.get("DATABASE_URL"):  # unset or empty: a server of our own, never one in the checkout
     # Each test session gets its own server in a fresh directory, removed at exit.
     _ROOT = Path(tempfile.mkdtemp(prefix="axa-test-"))
     remove_at_exit(_ROOT)
