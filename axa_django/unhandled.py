@@ -93,7 +93,7 @@ PAUSED_READY = """
 SELECT p.queue, (
     SELECT count(*) FROM (
         SELECT 1 FROM axa_queue q
-        WHERE q.status = 'queued' AND q.queue = p.queue AND q.run_at <= now()
+        WHERE q.status BETWEEN 'queued' AND 'queued' AND q.queue = p.queue AND q.run_at <= now()
           AND ((q.backend IS NULL AND q.name = ANY(%(names)s)) OR q.backend = ANY(%(backends)s))
         LIMIT %(cap)s) AS c) AS ready
 FROM axa_paused_queue p
