@@ -20,7 +20,8 @@ Rows made ready with an older ``run_at`` (a workflow's child when its last paren
 ends, a resumed queue, rows given back unstarted) announce it: ``lower()`` takes the
 floor down to their time. Lanes not seen yet are walked in full (the priorities
 between known lanes), and every ``FULL_SCAN`` seconds one claim walks every lane from
-the start, for anything else (a row written by hand, the seed's REQUEUE_STALE).
+the start, for anything else (a row written by hand, the seed's REQUEUE_STALE); every ``FULL_SCAN_UNNOTIFIED``
+seconds where no notification can reach the worker.
 """
 
 from __future__ import annotations
@@ -34,8 +35,12 @@ from typing import Any
 
 # Seconds a statement may run before its first write gives its transaction an id.
 MARGIN = datetime.timedelta(milliseconds=50)
-# Seconds between claims that walk every lane from its start.
-FULL_SCAN = 2.0
+# Seconds between claims that walk every lane from its start. Such a walk reads every
+# dead entry a held snapshot keeps (0.1 s and more after minutes of load), so it is rare
+# while notifications announce the rows that become ready behind the floors; without
+# them (NOTIFY off, a transaction pooler) it is what finds those rows.
+FULL_SCAN = 30.0
+FULL_SCAN_UNNOTIFIED = 2.0
 # Transaction ids and times of past claims kept to place the floor (a ring, oldest first).
 HISTORY = 4096
 # Lanes given a floor; priorities past them are walked from their start (a project that
@@ -46,7 +51,8 @@ MAX_LANES = 32
 class Lanes:
     """The plain claim's floors for one worker's dispatcher (one thread: no locking)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, notified: bool = True) -> None:
+        self.full_scan = FULL_SCAN if notified else FULL_SCAN_UNNOTIFIED
         self.fronts: dict[tuple[str, int], datetime.datetime] = {}
         # Times handed over by other threads (the listener): applied by the dispatcher.
         self._lowered: queue.SimpleQueue[datetime.datetime | None] = queue.SimpleQueue()
@@ -95,7 +101,7 @@ class Lanes:
             if lane not in self.fronts or self.fronts[lane] < row[8]:
                 self.fronts[lane] = row[8]
         if full:
-            self._next_full = time.monotonic() + FULL_SCAN
+            self._next_full = time.monotonic() + self.full_scan
         self._xmax.append(xmax)
         self._at.append(at)
         # The oldest running id only grows, and so do the claims' next ids: the latest

@@ -158,7 +158,7 @@ class Worker(Connections, Loops, FlowLoops):
         self._signal_queue: queue_module.SimpleQueue[int | None] = queue_module.SimpleQueue()
         self._statements: dict[tuple[str, tuple[str, ...]], str] = {}
         self._queue_claims: dict[tuple[str, ...], QueueClaim] = {}  # by the names it claims
-        self._lanes = Lanes()  # where the plain claim walks from, per (name, priority)
+        self._lanes = Lanes(notified=self.notify)  # where the plain claim walks from, per (name, priority)
         self._lane_statements: dict[tuple[tuple[str, ...], tuple[tuple[str, int], ...]], str] = {}
         # The first look waits a lease: workers started together have all registered by then.
         self._next_unhandled = time.monotonic() + self.lease

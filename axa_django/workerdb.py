@@ -18,6 +18,7 @@ from django.db import connections
 from django.db.migrations.executor import MigrationExecutor
 
 from . import conf, dberrors, sql
+from .claimlanes import FULL_SCAN_UNNOTIFIED
 
 logger = logging.getLogger("axa_django")
 
@@ -260,6 +261,7 @@ class Connections:
                 self.poll_interval,
             )
             self.notify = False
+            self._lanes.full_scan = FULL_SCAN_UNNOTIFIED
 
     def _check_notify(self) -> None:
         """Send ourselves a notification; if the listener never hears it, poll instead."""
@@ -276,6 +278,7 @@ class Connections:
             self.poll_interval,
         )
         self.notify = False
+        self._lanes.full_scan = FULL_SCAN_UNNOTIFIED
 
     @staticmethod
     def _close(conn: psycopg.Connection[Any] | None) -> None:

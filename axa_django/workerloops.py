@@ -231,6 +231,7 @@ class Loops:
                     conn.execute(f"LISTEN {housekeeping.CANCEL_CHANNEL}")
                     self._listening.set()
                     self._wake.set()  # anything enqueued while we were deaf
+                    self._lanes.lower(None)  # and rows made ready behind the floors meanwhile
                     delay = 0.1
                 for note in conn.notifies(timeout=0.5):
                     if self._stopping.is_set():
