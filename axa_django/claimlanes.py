@@ -132,12 +132,12 @@ class Lanes:
             self.lower(None)
         elif payload.startswith("ready:"):
             try:
-                seconds = float(payload[6:])
-            except ValueError:
+                # A float holds microseconds only just: a millisecond's slack keeps the row ahead of the floor.
+                when = datetime.datetime.fromtimestamp(float(payload[6:]) - 0.001, tz=datetime.UTC)
+            except (ValueError, OverflowError, OSError):  # '-Infinity', a year before 1: from the start
                 self.lower(None)
                 return
-            # A float holds microseconds only just: a millisecond's slack keeps the row ahead of the floor.
-            self.lower(datetime.datetime.fromtimestamp(seconds - 0.001, tz=datetime.UTC))
+            self.lower(when)
 
     def forget(self) -> None:
         """Walk every lane in full at the next claim (a new connection, an error)."""

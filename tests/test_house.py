@@ -100,6 +100,8 @@ def test_the_migration_adds_the_notify_trigger_and_storage_parameters():
         ("axa_flow_insert", "axa_flow_count_inserted"),
         ("axa_flow_truncate", "axa_flow_truncate"),
         ("axa_flow_update", "axa_flow_count"),
+        ("axa_queue_behind_insert", "axa_queue_behind"),  # rows queued behind the claims' floors (0005)
+        ("axa_queue_behind_update", "axa_queue_behind"),
         ("axa_queue_notify", "axa_queue_notify"),
     ]
     assert sorted(options["axa_queue"]) == sorted(

@@ -277,3 +277,31 @@ def test_lanes_stay_few_whatever_priorities_a_project_uses():
         enqueue(conn, 1, priority=99)
         assert claimer.lanes.bounded()
         assert sorted(row[7] for row in claimer.claim()) == [7, 99]
+
+
+def test_rows_queued_with_a_past_run_at_announce_it_and_others_do_not():
+    with connect("default", "listener") as listener, connect("default", "writer") as writer:
+        listener.execute("LISTEN axa_queue")
+        writer.autocommit = True
+        jobs.add.perform_later(1, 2)  # run_at: its statement's time
+        enqueue(writer, 3)  # the table's default, as the seed's ENQUEUE
+        (old,) = writer.execute(
+            "INSERT INTO axa_queue (id, name, args, run_at) VALUES (gen_random_uuid(), %s, '{}', "
+            "now() - interval '1 hour') RETURNING id",
+            [NAME],
+        ).fetchone()
+        writer.execute("UPDATE axa_queue SET status = 'failed' WHERE id = %s", [old])
+        writer.execute("UPDATE axa_queue SET status = 'queued' WHERE id = %s", [old])  # put back by hand
+        writer.execute(
+            "INSERT INTO axa_queue (id, name, args, run_at) VALUES (gen_random_uuid(), %s, '{}', '-infinity')", [NAME]
+        )
+        payloads = [note.payload for note in listener.notifies(timeout=1)]
+    ready = [payload for payload in payloads if payload.startswith("ready:")]
+    assert len(ready) == 3, payloads  # the insert an hour back, its return to the queue, '-infinity'
+    lanes = Lanes()
+    lanes.fronts[(NAME, 0)] = timezone.now()
+    lanes.heard(ready[0])
+    lanes._cap = timezone.now()
+    assert lanes.bounded() and lanes.fronts[(NAME, 0)] < timezone.now() - datetime.timedelta(minutes=59)
+    lanes.heard(ready[2])  # '-Infinity': walk from the start
+    assert not lanes.bounded()

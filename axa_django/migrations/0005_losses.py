@@ -5,7 +5,8 @@ unchanged. ``axa_queue_limit`` holds at most one row per limited queue. The clai
 indexes are rebuilt with "queued" said as a range (``status >= 'queued' AND status <=
 'queued'``), the form the claims use: the seed's ``axa_queue_ready`` (``status =
 'queued'``) then serves the seed's CLAIM only, and a claim keeps its plan whatever the
-statistics say.
+statistics say. Rows that become queued with a ``run_at`` already past (written so by
+hand, or put back) announce it, since claims walk from floors (claimlanes.py).
 """
 
 import django.db.models.functions.datetime
@@ -30,10 +31,35 @@ CLAIM_INDEXES = [
 ]
 
 
+# A row queued with a run_at before its statement's time may lie behind the workers'
+# claim floors: say so (claimlanes.Lanes.heard). Rows enqueued by perform_later or the
+# seed's ENQUEUE have run_at at or after that time and send nothing more.
+BEHIND = """
+CREATE FUNCTION axa_queue_behind() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('axa_queue', 'ready:' || extract(epoch FROM NEW.run_at)::text);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER axa_queue_behind_insert AFTER INSERT ON axa_queue FOR EACH ROW
+    WHEN (NEW.status = 'queued' AND NEW.run_at < statement_timestamp())
+    EXECUTE FUNCTION axa_queue_behind();
+CREATE TRIGGER axa_queue_behind_update AFTER UPDATE OF status ON axa_queue FOR EACH ROW
+    WHEN (NEW.status = 'queued' AND OLD.status <> 'queued' AND NEW.run_at < statement_timestamp())
+    EXECUTE FUNCTION axa_queue_behind();
+"""
+NOT_BEHIND = """
+DROP TRIGGER IF EXISTS axa_queue_behind_update ON axa_queue;
+DROP TRIGGER IF EXISTS axa_queue_behind_insert ON axa_queue;
+DROP FUNCTION IF EXISTS axa_queue_behind();
+"""
+
+
 class Migration(migrations.Migration):
     dependencies = [("axa_django", "0004_ops")]
 
     operations = [
+        migrations.RunSQL(BEHIND, NOT_BEHIND),
         *(migrations.RemoveIndex(model_name="job", name=index.name) for index in CLAIM_INDEXES),
         *(migrations.AddIndex(model_name="job", index=index) for index in CLAIM_INDEXES),
         migrations.AddField(model_name="job", name="losses", field=models.IntegerField(db_default=0)),
