@@ -73,15 +73,15 @@ class Lanes:
                     self.fronts[lane] = when
         return self._cap is not None and bool(self.fronts) and time.monotonic() < self._next_full
 
-    def key(self) -> tuple[tuple[str, int], ...]:
-        """The known lanes, in the order ``floors()`` gives their floors."""
-        return tuple(sorted(self.fronts))
+    def key(self, names: Sequence[str] | None = None) -> tuple[tuple[str, int], ...]:
+        """The known lanes (of ``names``, if given), in order: compose them and ``floors()`` alike."""
+        return tuple(sorted(lane for lane in self.fronts if names is None or lane[0] in names))
 
-    def floors(self) -> str:
-        """Each known lane's floor, as a PostgreSQL array literal of timestamptz."""
+    def floors(self, key: Sequence[tuple[str, int]]) -> str:
+        """The floor of each lane of ``key``, in its order, as a PostgreSQL array literal of timestamptz."""
         cap = self._cap
         assert cap is not None
-        return "{" + ",".join(f'"{min(self.fronts[lane], cap).isoformat()}"' for lane in self.key()) + "}"
+        return "{" + ",".join(f'"{min(self.fronts[lane], cap).isoformat()}"' for lane in key) + "}"
 
     def learn(
         self,

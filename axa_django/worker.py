@@ -444,12 +444,12 @@ class Worker(Connections, Loops, FlowLoops):
         lanes = self._lanes
         bounded = lanes.bounded()
         if bounded:
-            key = lanes.key()
+            key = lanes.key(names)
             statement = self._lane_statements.get((tuple(names), key))
             if statement is None:
                 statement = sql.compose(sql.CLAIM_LANES, names, self.backends, self.queues, lanes=key)
                 self._lane_statements[(tuple(names), key)] = statement
-            params["floors"] = lanes.floors()
+            params["floors"] = lanes.floors(key)
         else:
             statement = self._composed(sql.CLAIM_FULL, names)
         rows = self._execute(statement, params)

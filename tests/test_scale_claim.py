@@ -46,8 +46,9 @@ class Claimer:
     def statement(self) -> tuple[str, dict, bool]:
         params = {"worker": self.worker, "limit": 16, "ahead": False}
         if self.lanes.bounded():
-            params["floors"] = self.lanes.floors()
-            return sql.compose(sql.CLAIM_LANES, self.names, [], self.queues, lanes=self.lanes.key()), params, True
+            key = self.lanes.key(self.names)
+            params["floors"] = self.lanes.floors(key)
+            return sql.compose(sql.CLAIM_LANES, self.names, [], self.queues, lanes=key), params, True
         return sql.compose(sql.CLAIM_FULL, self.names, [], self.queues), params, False
 
     def claim(self, limit: int = 16) -> list[tuple]:
@@ -305,3 +306,19 @@ def test_rows_queued_with_a_past_run_at_announce_it_and_others_do_not():
     assert lanes.bounded() and lanes.fronts[(NAME, 0)] < timezone.now() - datetime.timedelta(minutes=59)
     lanes.heard(ready[2])  # '-Infinity': walk from the start
     assert not lanes.bounded()
+
+
+def test_a_claim_of_some_names_gets_the_floors_of_their_lanes_only():
+    lanes = Lanes()
+    early, late = timezone.now() - datetime.timedelta(hours=1), timezone.now()
+    snap = (1, 1, late + datetime.timedelta(seconds=1))
+    lanes.learn(
+        [(None, "a", None, 1, None, None, False, 0, early), (None, "b", None, 1, None, None, False, 5, late)],
+        snap,
+        full=True,
+        limit=2,
+    )
+    key = lanes.key(["b"])
+    assert key == (("b", 5),)
+    assert lanes.floors(key) == '{"' + late.isoformat() + '"}'  # b's own floor, not a's in its place
+    assert sql.compose(sql.CLAIM_LANES, ["b"], [], None, lanes=lanes.key()).count("'{b}'") >= 1
