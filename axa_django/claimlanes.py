@@ -89,9 +89,8 @@ class Lanes:
         snap: Sequence[Any],
         *,
         full: bool,
-        limit: int,
     ) -> None:
-        """Record a claim of up to ``limit`` rows: those it took (name at 1, backend at 5, priority at 7,
+        """Record a claim: the rows it took (name at 1, backend at 5, priority at 7,
         run_at at 8) and its snapshot (oldest running transaction id, next id, time)."""
         xmin, xmax, at = snap
         for row in rows:
@@ -114,13 +113,11 @@ class Lanes:
             if len(self._xmax) > HISTORY:
                 del self._xmax[0], self._at[0]
             return
-        self._cap = cap = self._at[found] - MARGIN
+        # A claim that took fewer rows than it asked for does not say that its lanes are
+        # empty below the cap: rows other workers were claiming at that moment were passed
+        # over (SKIP LOCKED), so the fronts stay at the rows this worker took.
+        self._cap = self._at[found] - MARGIN
         del self._xmax[:found], self._at[:found]
-        if len(rows) < limit:
-            # Every ready row the claim could see was taken: no lane has one below the cap.
-            for lane, front in self.fronts.items():
-                if front < cap:
-                    self.fronts[lane] = cap
 
     def lower(self, when: datetime.datetime | None) -> None:
         """Rows with ``run_at`` from ``when`` on became ready (None: any time): walk from there (any thread)."""

@@ -381,11 +381,14 @@ def write_many(items: Iterable[tuple[str, dict[str, Any], Options]], sender: Sen
 # and their status read under that lock decides the child's: waiting while some have
 # not finished, cancelled if one did not complete (unless it runs anyway), else queued.
 # Every parent must exist, or nothing is inserted. One statement per set of parents.
+# Queued parents were locked here, so claims passed over them and may have walked past
+# them (claimlanes.py): they are announced as ready again, delivered at commit.
 _CHILDREN = f"""
 WITH locked AS (
     SELECT id FROM axa_queue WHERE id = ANY(%s::uuid[]) ORDER BY id FOR UPDATE
 ), parents AS (
-    UPDATE axa_queue q SET has_children = true FROM locked WHERE q.id = locked.id RETURNING q.id, q.status
+    UPDATE axa_queue q SET has_children = true FROM locked WHERE q.id = locked.id
+    RETURNING q.id, q.status, q.run_at
 ), state AS (
     SELECT count(*) AS found,
         count(*) FILTER (WHERE status NOT IN ('completed', 'failed', 'cancelled')) AS pending,
@@ -410,6 +413,11 @@ WITH locked AS (
     SELECT p.id, i.id, p.status IN ('completed', 'failed', 'cancelled') FROM parents p CROSS JOIN inserted i
 )
 SELECT id, status FROM inserted
+UNION ALL
+SELECT NULL, 'woken' FROM (
+    SELECT pg_notify('axa_queue', 'ready:' || extract(epoch FROM min(run_at))::text)
+    FROM parents WHERE status = 'queued' HAVING count(*) > 0
+) AS n
 """
 
 
@@ -419,7 +427,7 @@ def _children(using: str, cursor: Any, params: list[Any]) -> list[tuple[Any, ...
         try:
             with transaction.atomic(using=using):
                 cursor.execute(_CHILDREN, params)
-                return list(cursor.fetchall())
+                return [row for row in cursor.fetchall() if row[0] is not None]
         except OperationalError as error:
             if attempt == 4 or not isinstance(error.__cause__, psycopg.errors.DeadlockDetected):
                 raise

@@ -459,7 +459,7 @@ class Worker(Connections, Loops, FlowLoops):
         claimed = [row[:12] for row in rows if row[0] is not None]
         snap = next((row[12:] for row in rows if row[0] is None), None)
         if snap is not None:
-            lanes.learn(claimed, snap, full=not bounded, limit=limit)
+            lanes.learn(claimed, snap, full=not bounded)
         return claimed
 
     def _claim_queues(self, names: list[str], limit: int) -> list[tuple[Any, ...]]:
