@@ -301,7 +301,7 @@ def test_rows_queued_with_a_past_run_at_announce_it_and_others_do_not():
     ready = [payload for payload in payloads if payload.startswith("ready:")]
     assert len(ready) == 3, payloads  # the insert an hour back, its return to the queue, '-infinity'
     lanes = Lanes()
-    now = timezone.now()
+    now = datetime.datetime.now(datetime.UTC)  # as psycopg gives run_at, whatever USE_TZ says
     lanes.learn([(None, NAME, None, 1, None, None, False, 0, now)], (1, 1, now), full=True)
     lanes.heard(ready[0])
     assert lanes.bounded() and lanes.fronts[(NAME, 0)] < now - datetime.timedelta(minutes=59)
@@ -311,7 +311,8 @@ def test_rows_queued_with_a_past_run_at_announce_it_and_others_do_not():
 
 def test_a_claim_of_some_names_gets_the_floors_of_their_lanes_only():
     lanes = Lanes()
-    early, late = timezone.now() - datetime.timedelta(hours=1), timezone.now()
+    late = datetime.datetime.now(datetime.UTC)
+    early = late - datetime.timedelta(hours=1)
     snap = (1, 1, late + datetime.timedelta(seconds=1))
     lanes.learn(
         [(None, "a", None, 1, None, None, False, 0, early), (None, "b", None, 1, None, None, False, 5, late)],
