@@ -3,6 +3,7 @@
 from typing import TYPE_CHECKING, Any
 
 from .context import JobCancelled, JobContext, JobLost, JobTimeout
+from .reach import UnreachableJobWarning
 
 __all__ = [
     "DuplicateJob",
@@ -11,6 +12,7 @@ __all__ = [
     "JobContext",
     "JobLost",
     "JobTimeout",
+    "UnreachableJobWarning",
     "background_job",
     "batch",
     "enqueue",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 import random
+import sys
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Generic, ParamSpec, TypeVar, overload
@@ -14,6 +16,7 @@ from . import conf, cronexpr, flow, rows, tracing
 from .arguments import bind, check_kwargs, prepare
 from .execution import run_inline
 from .models import Job
+from .reach import UnreachableJobWarning, why_unreachable
 from .rows import BulkResult, Options
 
 P = ParamSpec("P")
@@ -118,6 +121,8 @@ class JobFunction(Generic[P, R]):
         self.__qualname__ = getattr(func, "__qualname__", name)
         self.__module__ = func.__module__
         self.__wrapped__ = func
+        # Set by @background_job: why no worker would know this job (reach.why_unreachable), or None.
+        self.unreachable: str | None = None
 
     def __repr__(self) -> str:
         return f"<JobFunction {self.name}>"
@@ -224,7 +229,11 @@ def background_job(
     rate_key: Callable[..., str] | None = None,
 ) -> Callable[[Callable[P, R]], JobFunction[P, R]]: ...
 def background_job(func: Callable[..., Any] | None = None, /, *, name: str | None = None, **options: Any) -> Any:
-    """Register a function as a background job, named ``module.qualname`` unless ``name`` is given."""
+    """Register a function as a background job, named ``module.qualname`` unless ``name`` is given.
+
+    Warns with UnreachableJobWarning when the function's module is one no worker
+    imports at start (not an installed app's jobs module, nor imported by one).
+    """
 
     def register(func: Callable[..., Any]) -> JobFunction[Any, Any]:
         if "<locals>" in func.__qualname__ and name is None:
@@ -241,12 +250,23 @@ def background_job(func: Callable[..., Any] | None = None, /, *, name: str | Non
                 f"job name {job.name!r} is registered twice: to {_origin(existing.func)} and to {_origin(func)}; "
                 "give one of them another name=..."
             )
+        job.unreachable = why_unreachable(job.name, getattr(func, "__module__", None))
+        if job.unreachable is not None:
+            warnings.warn(job.unreachable, UnreachableJobWarning, stacklevel=_outside_this_module())
         registry[job.name] = job
         return job
 
     if func is not None:
         return register(func)
     return register
+
+
+def _outside_this_module() -> int:
+    """The stacklevel of warnings.warn, called from here, that names the first caller outside this module."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _origin(func: Callable[..., Any]) -> str:

@@ -13,6 +13,7 @@ import contextlib
 import datetime
 import inspect
 import json
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +27,7 @@ from . import conf, registry, sql
 from .attempts import RAISE_INLINE, Attempt, JobFailed, Recorder
 from .execution import Claimed, Outcome, attempt_of, finish, log_receiver_errors, perform_here, send_finished
 from .models import Job
+from .reach import UnreachableJobWarning
 from .signals import job_started
 from .worker import task_backend_aliases
 
@@ -56,6 +58,13 @@ def _name(job: JobRef) -> str:
     if isinstance(job, str):
         return job
     raise TypeError(f"expected a job (a @background_job function) or a job name, not {type(job).__name__}")
+
+
+def _warn_unreachable(job: JobRef, helper: str) -> None:
+    """Warn, as @background_job did, when ``job`` is one no worker would know; the caller's caller is named."""
+    function = job if isinstance(job, registry.JobFunction) else registry.get(_name(job))
+    if function is not None and function.unreachable is not None:
+        warnings.warn(f"{helper}: {function.unreachable}", UnreachableJobWarning, stacklevel=3)
 
 
 def enqueued_jobs(name: JobRef | None = None, queue: str | None = None) -> list[Job]:
@@ -116,7 +125,11 @@ def _describe(name: str) -> str:
 
 
 def assert_enqueued(job: JobRef, /, **args: Any) -> Job:
-    """Assert that a queued row of ``job`` has these argument values (others may differ); return the oldest."""
+    """Assert that a queued row of ``job`` has these argument values (others may differ); return the oldest.
+
+    Warns with UnreachableJobWarning if ``job`` is defined where no worker imports it.
+    """
+    _warn_unreachable(job, "assert_enqueued()")
     found = _matching(job, args)
     if not found:
         name = _name(job)
@@ -216,7 +229,9 @@ def run_jobs(
     Returns the attempts in the order they ran. Unless ``raise_failures=False``, raises
     JobFailed afterwards if any job's last attempt failed (ended failed, or queued for
     a retry later); its cause is what the job raised. Raises RuntimeError if jobs are
-    still due after ``max_rounds`` rounds (a job that keeps enqueueing itself).
+    still due after ``max_rounds`` rounds (a job that keeps enqueueing itself). Warns
+    with UnreachableJobWarning for each job it runs that is defined where no worker
+    imports it: it passes here and would wait forever in production.
     """
     job_name = _name(name) if name is not None else None
     if job_name is not None and registry.get(job_name) is None:
@@ -227,6 +242,7 @@ def run_jobs(
     statement = _claim_statement(job_name, queue, due)
     using = conf.get("DATABASE")
     attempts: list[Attempt] = []
+    warned: set[str] = set()
     for _ in range(max_rounds):
         with connections[using].cursor() as cursor:
             cursor.execute(statement, {"worker": None, "limit": ROUND_SIZE, "ahead": False, **params})
@@ -242,6 +258,9 @@ def run_jobs(
             order = {row.pk: index for index, row in enumerate(_in_claim_order(using, [c.id for c in claimed]))}
             claimed.sort(key=lambda c: order[c.id])
         for job in claimed:
+            if job.backend is None and job.name not in warned:
+                warned.add(job.name)
+                _warn_unreachable(job.name, "run_jobs()")
             outcome, attempt, sender, function = _run_one(using, job, timeouts[job.id])
             with connections[using].cursor() as cursor:
                 # Django's cursor wraps psycopg's; FINISH needs the raw one for arrays.

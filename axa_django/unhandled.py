@@ -24,6 +24,8 @@ CAP = 1000
 # Distinct (queue, name) and (queue, backend) pairs looked at, each one index descent.
 PAIRS = 1000
 # A worker looks once a minute, and says each name again at most every ten minutes.
+# Its first full look waits a lease (workers started together have all registered
+# by then); at start it looks once for names its own code does not know (warn_at_start).
 CHECK_SECONDS = 60.0
 WARN_SECONDS = 600.0
 
@@ -74,7 +76,10 @@ def warn(found: Iterable[Unhandled], now: float | None = None) -> list[Unhandled
         said.append(entry)
         count = f"at least {entry.ready}" if entry.ready >= CAP else str(entry.ready)
         if entry.backend is None:
-            hint = "is the job's module imported by an app's jobs.py in the workers' code, or was the job renamed?"
+            hint = (
+                "is the job in the jobs.py of an installed app (a startproject's settings package is not one), "
+                "or imported by one, in the workers' code? Or was it renamed?"
+            )
         else:
             hint = "does a worker's settings.TASKS name this backend, and does a worker run this queue?"
         logger.warning(
@@ -103,6 +108,16 @@ ORDER BY ready DESC, p.queue
 
 # Runs one statement and returns its rows, or None when it failed (already logged).
 Execute = Callable[[str, dict[str, Any]], list[tuple[Any, ...]] | None]
+
+
+def warn_at_start(execute: Execute, *, lease: float, registered: Container[str]) -> list[Unhandled]:
+    """At a worker's start, warn at once about ready jobs no live worker claims whose name this process does not know.
+
+    Names it knows (left out by --job or --queue) wait for the first full look a lease
+    later: workers started beside it that run them may not have registered yet.
+    """
+    found = rows_to_unhandled(execute(sql.UNHANDLED, params(lease)) or [])
+    return warn([entry for entry in found if entry.backend is None and entry.name not in registered])
 
 
 def left_behind(

@@ -15,6 +15,7 @@ start-up checks, ``workerloops`` the thread bodies (both mixed into ``Worker``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -248,6 +249,10 @@ class Worker(Connections, Loops, FlowLoops):
         self._register()
         self._spawn(self._heartbeat_loop, "axa-heartbeat")
         self._rescue()
+        # Once, off the hot path: ready rows of names this code does not know are said now, not a lease later.
+        unhandled.warn_at_start(
+            functools.partial(self._execute, bounded=True), lease=self.lease, registered=registry.registry
+        )
         self._start_threads()
         if self.notify:
             self._check_notify()

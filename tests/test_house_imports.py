@@ -13,6 +13,7 @@ PACKAGE = Path(axa_django.__file__).parent
 ORDER = [
     # Base: settings, argument binding, SQL text, signals, small value types.
     "conf",
+    "reach",
     "arguments",
     "sql",
     "sqlflow",
