@@ -371,13 +371,13 @@ SELECT count(*), pg_notify('axa_queue', 'rescan') FROM gone
 """
 
 # Run before a housekeeping statement, in its transaction: none may hold the
-# dispatcher (or the heartbeat) for long. Sequential scans are back on for it: worker
-# sessions plan without them so that no claim is cached as one (workerdb.connect), but
+# dispatcher (or the heartbeat) for long. Sequential and bitmap scans are back on for it:
+# worker sessions plan without them so that no claim is cached as one (workerdb.connect), but
 # housekeeping reads small tables whole, and without them its plans went astray
 # (RESCUE took 1-2 s instead of a millisecond).
 TIMEOUTS = (
     "SELECT set_config('statement_timeout', %(statement)s, true), set_config('lock_timeout', %(lock)s, true), "
-    "set_config('enable_seqscan', 'on', true)"
+    "set_config('enable_seqscan', 'on', true), set_config('enable_bitmapscan', 'on', true)"
 )
 
 # Ready rows no live worker claims: per (queue, name) of background jobs and per

@@ -74,12 +74,14 @@ def connect(using: str, purpose: str) -> psycopg.Connection[Any]:
         # ends such a session after half a lease. (A transaction pooler owns the
         # session instead: nothing is set there.) A generic plan made while the queue was
         # empty would scan the table for as long as it is cached: our statements all have
-        # their index, so a sequential scan is never the plan a worker wants.
+        # their index, so a sequential scan is never the plan a worker wants. Nor a bitmap
+        # scan: on small tables the planner priced a claim's walk as a bitmap scan of all
+        # queued rows plus a sort as cheap as the claim index's ordered walk, and kept it.
         idle = max(100, round(float(conf.get("LEASE_SECONDS")) * 500))
         conn.execute(
             "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), "
             "set_config('idle_in_transaction_session_timeout', %s, false), "
-            "set_config('enable_seqscan', 'off', false)",
+            "set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false)",
             [f"{idle}ms"],
         )
     return conn
