@@ -187,9 +187,10 @@ def test_three_worker_processes_run_2000_jobs_each_exactly_once(workers, log_fil
     procs = [workers.start("--concurrency", "4", "--burst") for _ in range(3)]
     for proc in procs:
         assert proc.wait(timeout=120) == 0, proc.stdout.read()
+    # Which worker won how many claims is luck (the first can drain all 2,000 before the
+    # others connect); every job once, and every worker exiting cleanly, is the promise.
     assert Counter(Path(log_file).read_text().split()) == Counter(str(i) for i in range(2000))
-    assert Job.objects.filter(status="completed").count() == 2000
-    assert len(set(Job.objects.values_list("worker_id", flat=True))) >= 2
+    assert Job.objects.filter(status="completed", attempts=1).count() == 2000
 
 
 def test_eight_workers_booting_together_all_start_and_exit_cleanly(workers):
@@ -217,7 +218,7 @@ def test_worker_logs_its_start_and_each_failure(workers):
     proc = workers.start("--burst", env=workers.env(AXA_LOG_LEVEL="INFO"))
     assert proc.wait(timeout=60) == 0
     output = proc.stdout.read()
-    assert "starting: concurrency 4" in output and "CountWorker" in output and "database axa_test" in output
+    assert "starting: concurrency 4" in output and "CountWorker" in output and f"database {connection.settings_dict['NAME']}" in output
     assert f"job CountWorker {job.pk} failed: told to fail" in output
 
 
