@@ -4,7 +4,7 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
+from collections.abc import Callable
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -148,30 +148,23 @@ def test_manage_check_and_makemigrations_are_clean(workers):
     assert migrations.returncode == 0, migrations.stdout + migrations.stderr
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_new_startproject_site_runs_a_job(tmp_path, workers):
-    """What a new user does: startproject, add the app, migrate, enqueue, runworker."""
-    subprocess.run([sys.executable, "-m", "django", "startproject", "site1", str(tmp_path)], check=True)
+def install(tmp_path, app: str) -> None:
+    """Add ``app`` to the INSTALLED_APPS of new_site's settings."""
     settings = tmp_path / "site1" / "settings.py"
     text = settings.read_text()
-    text = text.replace("INSTALLED_APPS = [", 'INSTALLED_APPS = [\n    "axa_django",\n    "hello",')
-    assert '"hello"' in text
+    assert "INSTALLED_APPS = [" in text
+    settings.write_text(text.replace("INSTALLED_APPS = [", f'INSTALLED_APPS = [\n    "{app}",'))
+
+
+def new_site(tmp_path, workers) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """A ``django-admin startproject site1`` site with axa_django installed; returns its manage.py."""
+    subprocess.run([sys.executable, "-m", "django", "startproject", "site1", str(tmp_path)], check=True)
+    install(tmp_path, "axa_django")
+    settings = tmp_path / "site1" / "settings.py"
+    text = settings.read_text()
     # The settings docs/install.md gives (DATABASE_URL is set: no embedded server starts).
     text += "\n" + docs_sample("docs/install.md", "from axa_django.devdb import database")
     settings.write_text(text)
-    (tmp_path / "hello").mkdir()
-    (tmp_path / "hello" / "__init__.py").write_text("")
-    (tmp_path / "hello" / "jobs.py").write_text(
-        textwrap.dedent(
-            """
-            from axa_django import background_job
-
-            @background_job
-            def greet(name: str) -> str:
-                return f"hello {name}"
-            """
-        )
-    )
     env = workers.env(DJANGO_SETTINGS_MODULE="site1.settings", DATABASE_URL=database_url())
     env["PYTHONPATH"] = f"{tmp_path}:{ROOT}"
 
@@ -180,15 +173,62 @@ def test_a_new_startproject_site_runs_a_job(tmp_path, workers):
             [sys.executable, "manage.py", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
         )
 
+    return manage
+
+
+def readme_first_job() -> tuple[list[str], str]:
+    """The README's "A first job": the startapp command its prose gives, and its ``# shop/jobs.py`` block."""
+    section = (ROOT / "README.md").read_text().split("## A first job", 1)[1].split("\n## ", 1)[0]
+    [command] = re.findall(r"`(python manage\.py startapp \w+)`", section)
+    return command.split()[2:], docs_sample("README.md", "# shop/jobs.py")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_startproject_site_runs_a_job(tmp_path, workers):
+    """What a new user does after the README: startproject, startapp, add both apps, migrate, enqueue, runworker."""
+    startapp, jobs_py = readme_first_job()
+    assert startapp == ["startapp", "shop"]
+    manage = new_site(tmp_path, workers)
+    result = manage(*startapp)
+    assert result.returncode == 0, result.stdout + result.stderr
+    install(tmp_path, "shop")
+    (tmp_path / "shop" / "jobs.py").write_text(jobs_py)
     for args in (("check",), ("migrate", "--noinput")):
         result = manage(*args)
         assert result.returncode == 0, result.stdout + result.stderr
-    enqueue = manage("shell", "-c", "from hello.jobs import greet; print(greet.perform_later('ada').pk)")
+    enqueue = manage(
+        "shell", "-c", "from shop.jobs import send_welcome; print(send_welcome.perform_later(user_id=1).pk)"
+    )
     assert enqueue.returncode == 0, enqueue.stderr
+    assert "Warning" not in enqueue.stderr, enqueue.stderr
     job_id = enqueue.stdout.strip().splitlines()[-1]
     result = manage("runworker", "--burst")
     assert result.returncode == 0, result.stdout + result.stderr
-    read = manage(
-        "shell", "-c", f"from axa_django import Job; j = Job.objects.get(pk='{job_id}'); print(j.status, j.result)"
+    assert "shop.jobs.send_welcome)" in result.stderr, result.stderr  # among its handlers
+    assert "no live worker claims" not in result.stderr and "Warning" not in result.stderr, result.stderr
+    read = manage("shell", "-c", f"from axa_django import Job; j = Job.objects.get(pk='{job_id}'); print(j.status)")
+    assert read.stdout.strip().splitlines()[-1] == "completed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_in_the_settings_package_of_a_new_site_is_reported_loudly(tmp_path, workers):
+    """The README's old trap: site1/jobs.py, in the package startproject made, which no worker imports."""
+    manage = new_site(tmp_path, workers)
+    (tmp_path / "site1" / "jobs.py").write_text(
+        "from axa_django import background_job\n\n\n@background_job\ndef greet(name: str) -> str:\n    return name\n"
     )
-    assert read.stdout.strip().splitlines()[-1] == "completed hello ada"
+    enqueue = manage("shell", "-c", "from site1.jobs import greet; greet.perform_later('ada')")
+    assert enqueue.returncode == 0, enqueue.stderr
+    assert (
+        "site1/jobs.py:4: UnreachableJobWarning: job 'site1.jobs.greet' is defined where no worker will find it: "
+        "module 'site1.jobs' is in no installed app ('site1' is the project package that holds the settings, "
+        "site1.settings, not an app); workers import only each installed app's jobs module (<app>/jobs.py) when "
+        "Django starts. Make an app (python manage.py startapp <name>), add it to INSTALLED_APPS and move the job "
+        "into <name>/jobs.py."
+    ) in enqueue.stderr, enqueue.stderr
+    # A burst worker stops long before its first full look (a lease): the warning is the start's.
+    result = manage("runworker", "--burst")
+    assert (
+        "job 'site1.jobs.greet' in queue 'default': 1 ready and no live worker claims them "
+        "(is the job in the jobs.py of an installed app (a startproject's settings package is not one)"
+    ) in result.stderr, result.stdout + result.stderr
