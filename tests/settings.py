@@ -9,8 +9,16 @@ import django
 from axa_django.devdb import database
 from tests.cleanup import exit_cleanly_on_sigterm, remove_at_exit
 
-if not os.environ.get("DATABASE_URL"):  # unset or empty: a server of our own, never one in the checkout
+# Which test process started the server DATABASE_URL names (inherited by subprocesses).
+# pytest-xdist workers inherit the controller's: each starts one of its own, so that a
+# test restarting its server never cuts another worker's connections. Runworker
+# subprocesses carry their worker's name and reuse its server.
+_ME = os.environ.get("PYTEST_XDIST_WORKER", "main") + ":" + os.environ.get("PYTEST_XDIST_TESTRUNUID", "")
+_OWNER = os.environ.get("AXA_TEST_SERVER_OF")
+if not os.environ.get("DATABASE_URL") or (_OWNER is not None and _OWNER != _ME):
     # Each test session gets its own server in a fresh directory, removed at exit.
+    os.environ.pop("DATABASE_URL", None)
+    os.environ["AXA_TEST_SERVER_OF"] = _ME
     _ROOT = Path(tempfile.mkdtemp(prefix="axa-test-"))
     remove_at_exit(_ROOT)
     exit_cleanly_on_sigterm()  # from here on a SIGTERM must still stop the server

@@ -88,6 +88,12 @@ def test_a_stopping_worker_gives_back_the_rows_it_claimed_ahead_unstarted(worker
     proc, gate, ahead = hold_rows_behind_a_gate(workers, log_file, tmp_path)
     assert not Job.objects.filter(pk__in=ahead, started_at__isnull=False).exists()
     proc.send_signal(signal.SIGTERM)
+    # The gate opens once the stop is under way (on a busy machine the signal can take
+    # longer to be handled than the gate's thread to take its next row).
+    wait_for(
+        lambda: Job.objects.filter(pk__in=ahead, status="queued").count() == len(ahead),
+        what="the rows claimed ahead to be given back",
+    )
     (tmp_path / "open").touch()
     assert proc.wait(timeout=30) == 0
     output = proc.stdout.read()
