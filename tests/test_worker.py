@@ -218,7 +218,11 @@ def test_worker_logs_its_start_and_each_failure(workers):
     proc = workers.start("--burst", env=workers.env(AXA_LOG_LEVEL="INFO"))
     assert proc.wait(timeout=60) == 0
     output = proc.stdout.read()
-    assert "starting: concurrency 4" in output and "CountWorker" in output and f"database {connection.settings_dict['NAME']}" in output
+    assert (
+        "starting: concurrency 4" in output
+        and "CountWorker" in output
+        and f"database {connection.settings_dict['NAME']}" in output
+    )
     assert f"job CountWorker {job.pk} failed: told to fail" in output
 
 
