@@ -78,15 +78,16 @@ def server_info(url: str) -> dict[str, Any]:
             "current_setting('synchronous_commit'), host(inet_server_addr()), inet_server_port(), pg_backend_pid()"
         ).fetchone()
         where = f"TCP {addr}:{port}" if addr else "Unix socket " + (conn.info.host or "")
-    pg_pid = 0
-    if not addr or addr in ("127.0.0.1", "::1"):
-        # The backend's parent is the postmaster; its CPU counts every backend, reaped or live.
-        try:
-            ppid = int(Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            if "postgres" in Path(f"/proc/{ppid}/cmdline").read_text():
-                pg_pid = ppid
-        except (OSError, ValueError, IndexError):
-            pass
+        pg_pid = 0
+        if not addr or addr in ("127.0.0.1", "::1"):
+            # The backend's parent is the postmaster; its CPU counts every backend, reaped or
+            # live. Read while the connection is open: a closed backend's /proc entry is gone.
+            try:
+                ppid = int(Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                if "postgres" in Path(f"/proc/{ppid}/cmdline").read_text():
+                    pg_pid = ppid
+            except (OSError, ValueError, IndexError):
+                pass
     return {
         "version": version,
         "fsync": fsync,
