@@ -2,8 +2,8 @@
 
 from typing import TYPE_CHECKING, Any
 
-from .context import JobCancelled, JobContext, JobLost, JobTimeout
-from .reach import UnreachableJobWarning
+from .context import JobContext
+from .exceptions import DuplicateJob, JobCancelled, JobLost, JobTimeout, UnreachableJobWarning
 
 __all__ = [
     "DuplicateJob",
@@ -24,7 +24,6 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from .models import Job
     from .registry import background_job, enqueue, enqueue_many
-    from .rows import DuplicateJob
     from .workflows import batch, workflow
 
 
@@ -43,7 +42,5 @@ def __getattr__(name: str) -> Any:
 
         return getattr(workflows, name)
     if name == "DuplicateJob":
-        from .rows import DuplicateJob
-
         return DuplicateJob
     raise AttributeError(f"module 'axa_django' has no attribute {name!r}")

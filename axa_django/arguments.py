@@ -12,6 +12,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .exceptions import ArgumentsMismatch
+
 # The deepest nesting of lists and dicts a value may have: deeper input would exhaust
 # Python's recursion (json, Django's normalize_json) long before PostgreSQL's limit.
 MAX_DEPTH = 200
@@ -577,10 +579,6 @@ def check_kwargs(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     """Check keyword arguments for a job known only by name."""
     check_json(kwargs, arguments_of(name), levels=1)
     return kwargs
-
-
-class ArgumentsMismatch(TypeError):
-    """A row's args do not fit its job's signature; running it again cannot help."""
 
 
 def prepare_call(signature: inspect.Signature, stored: Any) -> tuple[list[Any], dict[str, Any]]:

@@ -41,6 +41,7 @@ from django.utils.module_loading import import_string
 from . import conf, tracing
 from .arguments import MAX_DEPTH, check_json, task_arguments_of
 from .checks import other_vendor
+from .exceptions import JobCancelled, NotATask, WorkerInterrupted, WorkerLost, stored_type
 
 if TYPE_CHECKING:
     from .models import Job
@@ -63,20 +64,8 @@ _STATUSES = {
 }
 
 
-class WorkerLost(Exception):
-    """The worker running the task stopped (no heartbeat); the task was queued again."""
-
-
-class WorkerInterrupted(Exception):
-    """The worker was stopped before the task finished; the task was queued again."""
-
-
-class NotATask(LookupError):
-    """A row's task path does not name a Task of a QueueBackend; the worker will not call it."""
-
-
 # Error entries the worker's SQL writes carry a bare type name; give them importable paths.
-_ENTRY_TYPES = {"WorkerLost": f"{__name__}.WorkerLost", "Interrupted": f"{__name__}.WorkerInterrupted"}
+_ENTRY_TYPES = {"WorkerLost": stored_type(WorkerLost), "Interrupted": stored_type(WorkerInterrupted)}
 
 
 class QueueBackend(BaseTaskBackend):
@@ -178,7 +167,7 @@ class QueueBackend(BaseTaskBackend):
             if isinstance(entry, dict)
         ]
         if job.status == "cancelled" and not errors:
-            errors.append(TaskError(exception_class_path="axa_django.context.JobCancelled", traceback=""))
+            errors.append(TaskError(exception_class_path=stored_type(JobCancelled), traceback=""))
         result = TaskResult(
             task=task,
             id=str(job.pk),

@@ -17,6 +17,7 @@ import psycopg
 
 from . import dependencies, sql
 from .arguments import encode
+from .exceptions import JobCancelled, JobLost, JobTimeout
 
 # The largest result a job may store, as for a result returned (execution.perform).
 RESULT_LIMIT = 2**31
@@ -169,32 +170,12 @@ class JobContext:
         self._cancelled.set()
 
 
-class JobTimeout(BaseException):
-    """An attempt ran past its ``timeout``: raised in the job's thread, or its task cancelled.
-
-    A BaseException, as asyncio.CancelledError is, so that a job's ``except Exception``
-    does not swallow it; the attempt fails with it (and is retried per max_attempts).
-    """
-
-    __module__ = "axa_django"
-
-
-class JobLost(Exception):
-    """complete_in_transaction() found that this attempt no longer owns its row: its transaction rolls back."""
-
-    __module__ = "axa_django"
-
-
 def _in_event_loop() -> bool:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return False
     return True
-
-
-class JobCancelled(Exception):
-    """Raise from a job to end it as ``cancelled``; an async job stopped by ``cancel()`` ends with it."""
 
 
 async def run_cancellable(coro: Coroutine[Any, Any, Any], context: JobContext | None, poll: float = 0.05) -> Any:

@@ -23,6 +23,7 @@ from . import conf, dependencies, sql, tracing
 from .arguments import ArgumentsMismatch, encode, prepare_call
 from .attempts import RAISE_INLINE, Attempt, JobFailed, Recorder
 from .context import JobCancelled, JobContext, JobTimeout, run_cancellable
+from .exceptions import BadResult, BadRow, LeakedTransaction, NoHandler, stored_type
 from .signals import job_finished, job_started
 from .timeouts import Watch, alarm, attempt_timeout, call
 
@@ -137,22 +138,6 @@ def decode_args(text: str) -> Any:
         raise BadRow(f"the row's args cannot be decoded: {error}") from None
 
 
-class NoHandler(LookupError):
-    """No job of this name is registered in the worker."""
-
-
-class BadResult(TypeError):
-    """The job returned something that is not JSON."""
-
-
-class BadRow(ValueError):
-    """The row holds values this worker cannot decode (args nested too deeply, huge numbers)."""
-
-
-class LeakedTransaction(RuntimeError):
-    """The job returned with a transaction still open on one of its connections."""
-
-
 def storable(text: str) -> str:
     """``text`` as PostgreSQL text can hold it: NUL and lone surrogates shown escaped, and said so."""
     if "\x00" in text:
@@ -177,7 +162,7 @@ def failure(job: Claimed, function: Any, error: BaseException, worker_id: uuid.U
             "attempt": job.attempt,
             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "worker": str(worker_id) if worker_id else None,
-            "type": f"{kind.__module__}.{kind.__qualname__}",
+            "type": stored_type(kind),
             "message": message,
             "traceback": text,
         }
@@ -374,7 +359,7 @@ def _transaction(wrapper: Any) -> tuple[bool, int, int, bool]:
     return (wrapper.autocommit, len(wrapper.atomic_blocks), len(wrapper.savepoint_ids), wrapper.needs_rollback)
 
 
-_TIMEOUT_TYPE = f"{JobTimeout.__module__}.{JobTimeout.__qualname__}"
+_TIMEOUT_TYPE = stored_type(JobTimeout)
 
 
 def attempt_of(outcome: Outcome, raised: BaseException | None) -> Attempt:

@@ -16,11 +16,9 @@ import sys
 from django.apps import AppConfig, apps
 from django.conf import settings
 
+from .exceptions import UnreachableJobWarning
+
 __all__ = ["UnreachableJobWarning", "why_unreachable"]
-
-
-class UnreachableJobWarning(UserWarning):
-    """A job defined in a module no worker imports at start, so no worker can run it."""
 
 
 def why_unreachable(job: str, module: str | None) -> str | None:

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from . import conf, dependencies
 from .arguments import arguments_of, encode, task_arguments_of
+from .exceptions import DuplicateJob
 from .models import Job
 from .signals import job_enqueued
 
@@ -74,14 +75,6 @@ _VALUES = (
 _ON_UNIQUE = (
     "ON CONFLICT (name, unique_key) WHERE unique_key IS NOT NULL AND status IN ('queued', 'running') DO NOTHING"
 )
-
-
-class DuplicateJob(Exception):
-    """A job with this name and unique key is already queued or running."""
-
-    def __init__(self, job: Job) -> None:
-        super().__init__(f"job {job.name!r} with unique key {job.unique_key!r} is already {job.status} ({job.id})")
-        self.job = job
 
 
 @dataclass(frozen=True)

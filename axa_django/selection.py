@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from django.db import connections
 
 from . import conf, registry
+from .exceptions import UnknownJobs, UnknownQueues
 
 # Known names listed in the error; listjobs shows them all.
 LISTED = 50
@@ -32,14 +33,6 @@ SELECT queue FROM queues
 UNION SELECT queue FROM axa_paused_queue
 UNION SELECT queue FROM axa_queue_limit
 """
-
-
-class UnknownJobs(ValueError):
-    """A worker was asked for job names that no registered job has."""
-
-
-class UnknownQueues(ValueError):
-    """A worker was asked for queues nothing knows: no job declares them and no queued row is in them."""
 
 
 def check_queue(queue: object) -> str:

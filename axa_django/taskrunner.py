@@ -19,7 +19,8 @@ from django.utils import timezone
 from . import conf
 from .arguments import ArgumentsMismatch
 from .backends import NotATask, QueueBackend, _import_task, _rebuild, plain_json, queue_backend_aliases
-from .execution import Claimed, NoHandler, Outcome
+from .exceptions import JobCancelled, TaskRefused, stored_type
+from .execution import Claimed, Outcome
 from .registry import default_backoff
 
 # The row's args object is {"args": [...], "kwargs": {...}}; perform() binds it to this.
@@ -29,10 +30,6 @@ _CALL = inspect.Signature(
         inspect.Parameter("kwargs", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None),
     ]
 )
-
-
-class TaskRefused(NoHandler):
-    """The row names no Task of a QueueBackend; it fails at once and nothing is called."""
 
 
 class TaskRunner:
@@ -106,7 +103,7 @@ class TaskRunner:
         else:
             object.__setattr__(result, "status", TaskResultStatus.FAILED)
             entry = json.loads(outcome.entry) if outcome.entry else {}
-            path = entry.get("type") or "axa_django.context.JobCancelled"
+            path = entry.get("type") or stored_type(JobCancelled)
             result.errors.append(TaskError(exception_class_path=path, traceback=entry.get("traceback") or ""))
         task_finished.send(type(self.backend), task_result=result)
 

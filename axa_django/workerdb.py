@@ -13,12 +13,12 @@ from typing import Any
 
 import django
 import psycopg
-from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.migrations.executor import MigrationExecutor
 
 from . import conf, dberrors, sql
 from .claimlanes import FULL_SCAN_UNNOTIFIED
+from .exceptions import CannotConnect, NotMigrated, PoolerMisconfigured
 
 logger = logging.getLogger("axa_django")
 
@@ -95,18 +95,6 @@ def task_backend_aliases() -> list[str]:
     from .backends import queue_backend_aliases
 
     return queue_backend_aliases()
-
-
-class NotMigrated(RuntimeError):
-    """The database has no queue tables yet."""
-
-
-class CannotConnect(ImproperlyConfigured):
-    """The database refused the worker's first connection: wrong credentials or no such database."""
-
-
-class PoolerMisconfigured(ImproperlyConfigured):
-    """The database is reached through a transaction pooler the worker is not configured for."""
 
 
 class Connections:

@@ -19,6 +19,7 @@ from django.db import connections
 
 from . import health, housekeeping, registry, sql
 from .context import JobCancelled
+from .exceptions import UnstorableOutcome, stored_type
 from .execution import (
     Claimed,
     Outcome,
@@ -269,7 +270,7 @@ def unstorable(outcome: Outcome, error: psycopg.Error) -> Outcome:
         {
             "attempt": outcome.attempt,
             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "type": "axa_django.execution.UnstorableOutcome",
+            "type": stored_type(UnstorableOutcome),
             "message": text,
             "traceback": "",
         }

@@ -84,7 +84,7 @@ def test_a_job_returning_nul_fails_with_bad_result_and_the_reason():
     with override_settings(AXA_DJANGO={"MODE": "immediate"}):
         job = boundary_jobs.returns_nul.perform_later()
     assert job.status == "failed"
-    assert job.errors[-1]["type"] == "axa_django.execution.BadResult"
+    assert job.errors[-1]["type"] == "axa_django.exceptions.BadResult"
     assert "contains a NUL character (\\x00), which PostgreSQL cannot store in jsonb" in job.error
 
 

@@ -38,7 +38,10 @@ def test_a_sync_job_past_its_timeout_fails_with_job_timeout_and_is_retried(tmp_p
     burst()
     job = reloaded(job)
     assert job.status == "failed" and job.attempts == 2
-    assert [entry["type"] for entry in job.errors] == ["axa_django.JobTimeout", "axa_django.JobTimeout"]
+    assert [entry["type"] for entry in job.errors] == [
+        "axa_django.exceptions.JobTimeout",
+        "axa_django.exceptions.JobTimeout",
+    ]
     assert "ran past its timeout of 0.5s" in job.errors[0]["message"] and "JobTimeout" in job.error
     assert log.read_text().count("sleepy start") == 2 and "sleepy end" not in log.read_text()
     assert reloaded(quick).status == "completed"
@@ -49,7 +52,7 @@ def test_a_job_that_catches_job_timeout_and_returns_still_fails(tmp_path) -> Non
     job = flow_jobs.stubborn.perform_later(str(log))
     burst()
     job = reloaded(job)
-    assert job.status == "failed" and job.errors[-1]["type"] == "axa_django.JobTimeout"
+    assert job.status == "failed" and job.errors[-1]["type"] == "axa_django.exceptions.JobTimeout"
     assert log.read_text() == "caught\n" and job.result is None
 
 
@@ -58,7 +61,7 @@ def test_using_sets_a_timeout_per_call_and_the_row_keeps_it() -> None:
     fine = flow_jobs.untimed.perform_later(0.3)
     assert job.timeout == 0.2 and fine.timeout is None
     burst()
-    assert reloaded(job).status == "failed" and reloaded(job).errors[0]["type"] == "axa_django.JobTimeout"
+    assert reloaded(job).status == "failed" and reloaded(job).errors[0]["type"] == "axa_django.exceptions.JobTimeout"
     assert reloaded(fine).status == "completed"
 
 
@@ -67,7 +70,7 @@ def test_an_async_job_past_its_timeout_is_cancelled(tmp_path) -> None:
     job = flow_jobs.async_sleepy.perform_later(30, str(log))
     burst()
     job = reloaded(job)
-    assert job.status == "failed" and job.errors[-1]["type"] == "axa_django.JobTimeout"
+    assert job.status == "failed" and job.errors[-1]["type"] == "axa_django.exceptions.JobTimeout"
     assert log.read_text() == "async cancelled\n"
 
 
@@ -134,7 +137,7 @@ def test_a_thread_blocked_in_c_is_replaced_and_its_late_outcome_never_lands(work
     stuck = flow_jobs.blocked.perform_later(str(fifo))
     wait_for(lambda: reloaded(stuck).status == "failed", what="the stuck attempt to be given up")
     stuck = reloaded(stuck)
-    assert stuck.errors[-1]["type"] == "axa_django.JobTimeout" and "given up" in stuck.errors[-1]["message"]
+    assert stuck.errors[-1]["type"] == "axa_django.exceptions.JobTimeout" and "given up" in stuck.errors[-1]["message"]
     # The slot came back: both threads' worth of work still runs.
     others = [flow_jobs.untimed.perform_later(0.05) for _ in range(4)]
     wait_for(lambda: all(reloaded(job).status == "completed" for job in others), what="jobs on the new thread")
@@ -153,4 +156,6 @@ def test_a_worker_whose_threads_are_all_stuck_exits_1(workers, fifo) -> None:
     stuck = flow_jobs.blocked.perform_later(str(fifo))
     assert proc.wait(timeout=60) == 1
     assert "stuck in jobs past their timeout; exiting 1" in proc.stdout.read()
-    assert reloaded(stuck).status == "failed" and reloaded(stuck).errors[-1]["type"] == "axa_django.JobTimeout"
+    assert (
+        reloaded(stuck).status == "failed" and reloaded(stuck).errors[-1]["type"] == "axa_django.exceptions.JobTimeout"
+    )

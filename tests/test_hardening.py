@@ -175,7 +175,7 @@ def test_a_job_that_leaks_a_transaction_fails_and_the_next_job_runs_clean(worker
     row = fresh(leaky)
     assert row.status == "failed", row.status
     assert "transaction still open" in row.error and "rolled back" in row.error
-    assert row.errors[0]["type"] == "axa_django.execution.LeakedTransaction"
+    assert row.errors[0]["type"] == "axa_django.exceptions.LeakedTransaction"
     assert fresh(after).status == "completed"
     # While the worker still runs: the next job's write is committed, the leaked one rolled back.
     assert markers() == {f"marker-after-{how}"}

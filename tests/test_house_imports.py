@@ -11,7 +11,8 @@ PACKAGE = Path(axa_django.__file__).parent
 
 # Bottom first: a module may import only modules listed before it (so there is no circle).
 ORDER = [
-    # Base: settings, argument binding, SQL text, signals, small value types.
+    # Base: the exceptions rows store, settings, argument binding, SQL text, signals, small value types.
+    "exceptions",
     "conf",
     "reach",
     "arguments",
@@ -88,7 +89,6 @@ LAZY = {
     # settings.py imports axa_django before the app registry is ready.
     ("", "models"),
     ("", "registry"),
-    ("", "rows"),
     ("", "workflows"),
     ("apps", "workflows"),
     # JobContext loads with the package (settings.py); parent_results needs the settings.

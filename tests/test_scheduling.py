@@ -314,7 +314,7 @@ def test_cancelled_running_job_ends_as_cancelled_and_is_not_retried(
     assert (done.status, done.result, done.attempts) == (status, result, 1)
     if status == "cancelled":
         assert "JobCancelled" in done.error
-        assert done.errors[-1]["type"] == "axa_django.context.JobCancelled"
+        assert done.errors[-1]["type"] == "axa_django.exceptions.JobCancelled"
         assert done.finished_at is not None
 
 
@@ -346,7 +346,7 @@ def test_non_json_return_value_fails_the_job_clearly() -> None:
     assert "the return value of job" in job.error
     assert "not JSON" in job.error
     assert json.dumps(job.errors)  # the error history stays readable JSON
-    assert job.errors[-1]["type"] == "axa_django.execution.BadResult"
+    assert job.errors[-1]["type"] == "axa_django.exceptions.BadResult"
 
 
 # -- signals --------------------------------------------------------------------------

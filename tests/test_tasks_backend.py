@@ -297,7 +297,7 @@ def test_a_cancelled_task_reads_as_failed_with_job_cancelled():
     assert Job.objects.get(pk=result.id).cancel() is True
     fetched = default_task_backend.get_result(result.id)
     assert fetched.status == TaskResultStatus.FAILED
-    assert [e.exception_class_path for e in fetched.errors] == ["axa_django.context.JobCancelled"]
+    assert [e.exception_class_path for e in fetched.errors] == ["axa_django.exceptions.JobCancelled"]
     assert burst().processed == 0
 
 
@@ -310,7 +310,7 @@ def test_a_return_value_is_normalized_as_django_does_and_non_json_fails():
     for result, kind in ((bad, "a set"), (raw, "a bytes")):
         failure = default_task_backend.get_result(result.id)
         assert failure.status == TaskResultStatus.FAILED
-        assert failure.errors[0].exception_class_path == "axa_django.execution.BadResult"
+        assert failure.errors[0].exception_class_path == "axa_django.exceptions.BadResult"
         assert f"is {kind}, which is not JSON" in failure.errors[0].traceback
 
 
@@ -360,7 +360,7 @@ def test_a_row_that_names_no_task_of_ours_fails_and_nothing_is_called(tmp_path, 
     assert burst().processed == 1
     row = Job.objects.get(pk=job_id)
     assert (row.status, row.attempts) == ("failed", 1)  # refused at once, not retried
-    assert message in row.error and row.errors[0]["type"] == "axa_django.taskrunner.TaskRefused"
+    assert message in row.error and row.errors[0]["type"] == "axa_django.exceptions.TaskRefused"
     assert victim.read_text() == "x"
 
 
@@ -567,7 +567,7 @@ def test_a_forged_row_naming_a_module_outside_installed_apps_is_refused_without_
     assert not marker.exists()
     row = Job.objects.get(pk=job_id)
     assert (row.status, row.attempts) == ("failed", 1)
-    assert row.errors[0]["type"] == "axa_django.taskrunner.TaskRefused"
+    assert row.errors[0]["type"] == "axa_django.exceptions.TaskRefused"
     assert "module 'axa_forged_module' is not imported and not inside an installed app" in row.error
     assert "tasks must live in a package listed in INSTALLED_APPS" in row.error
 
@@ -600,7 +600,7 @@ def test_a_worker_survives_a_task_module_that_raises_system_exit_on_import(worke
     proc = workers.start("--burst", "--concurrency", "1")
     assert proc.wait(timeout=60) == 0, proc.stdout.read()
     row = Job.objects.get(pk=job_id)
-    assert (row.status, row.errors[0]["type"]) == ("failed", "axa_django.taskrunner.TaskRefused")
+    assert (row.status, row.errors[0]["type"]) == ("failed", "axa_django.exceptions.TaskRefused")
     assert default_task_backend.get_result(ok.id).return_value == 5
 
 

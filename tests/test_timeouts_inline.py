@@ -33,7 +33,7 @@ def timed_out(job: Job, attempt: int = 1) -> bool:
     return (
         job.status == "failed"
         and job.attempts == attempt
-        and entry["type"] == "axa_django.JobTimeout"
+        and entry["type"] == "axa_django.exceptions.JobTimeout"
         and "ran past its timeout" in entry["message"]
         and "JobTimeout" in (job.error or "")
     )
@@ -101,7 +101,7 @@ def test_immediate_the_rows_timeout_from_using_is_kept() -> None:
 def test_immediate_raise_failures_raises_job_failed_naming_job_timeout() -> None:
     with raise_failures(), pytest.raises(JobFailed) as failed:
         t.naps.perform_later(OVERRUN)
-    assert "axa_django.JobTimeout: attempt 1 of job" in str(failed.value)
+    assert "axa_django.exceptions.JobTimeout: attempt 1 of job" in str(failed.value)
     assert isinstance(failed.value.exception, JobTimeout)
     assert "ran past its timeout of 0.3s" in str(failed.value.exception)
     assert failed.value.__cause__ is failed.value.exception
@@ -113,7 +113,7 @@ def test_immediate_a_timed_out_attempt_is_retried_per_max_attempts(tmp_path: Pat
     log = tmp_path / "log"
     job = t.overruns_once.perform_later(OVERRUN, str(log))
     assert (job.status, job.attempts, job.result) == ("completed", 2, "second")
-    assert [entry["type"] for entry in job.errors] == ["axa_django.JobTimeout"]
+    assert [entry["type"] for entry in job.errors] == ["axa_django.exceptions.JobTimeout"]
     assert log.read_text() == "start\nstart\n"
     # Both attempts past their timeout: failed after the second.
     both = t.naps.using(max_attempts=2).perform_later(OVERRUN)
@@ -213,7 +213,7 @@ def test_run_jobs_stops_jobs_past_their_timeout_and_raises_naming_job_timeout(tm
     assert time.monotonic() - started < 2 * STOPPED_WITHIN
     assert {a.id for a in failed.value.failures} == {slow.id, slow_async.id}
     assert all(isinstance(a.exception, JobTimeout) for a in failed.value.failures)
-    assert isinstance(failed.value.exception, JobTimeout) and "axa_django.JobTimeout" in str(failed.value)
+    assert isinstance(failed.value.exception, JobTimeout) and "axa_django.exceptions.JobTimeout" in str(failed.value)
     assert timed_out(slow) and timed_out(slow_async)
     assert sync_log.read_text() == "start\n" and async_log.read_text() == "cancelled\n"
     quick.refresh_from_db()
@@ -231,7 +231,7 @@ def test_run_jobs_retries_a_timed_out_attempt_per_max_attempts(tmp_path: Path) -
     assert (job.status, job.result, [e["type"] for e in job.errors]) == (
         "completed",
         "second",
-        ["axa_django.JobTimeout"],
+        ["axa_django.exceptions.JobTimeout"],
     )
 
 
