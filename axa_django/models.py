@@ -288,6 +288,14 @@ class Job(models.Model):
             ),
             # Serves the admin's job list, newest first, without sorting the whole table.
             models.Index(fields=["-created_at"], name="axa_queue_created"),
+            # Serves the failed list, the latest failure first (its order, id included):
+            # with a big history it sorted every failed row for each page.
+            models.Index(
+                models.F("finished_at").desc(),
+                models.F("id").desc(),
+                name="axa_queue_failed",
+                condition=models.Q(status="failed"),
+            ),
             # Jobs with a concurrency limit: their (name, key) pairs and each pair's ready
             # rows, then each pair's running rows (both only rows that have a key).
             models.Index(

@@ -5,8 +5,7 @@ unchanged. ``axa_queue_limit`` holds at most one row per limited queue. The clai
 indexes are rebuilt with "queued" said as a range (``status >= 'queued' AND status <=
 'queued'``), the form the claims use: the seed's ``axa_queue_ready`` (``status =
 'queued'``) then serves the seed's CLAIM only, and a claim keeps its plan whatever the
-statistics say; for the same reason ``axa_queue_status`` (the admin's lists by status)
-leaves queued rows out. Rows that become queued with a ``run_at`` already past (written so by
+statistics say. Rows that become queued with a ``run_at`` already past (written so by
 hand, or put back) announce it, since claims walk from floors (claimlanes.py).
 """
 
@@ -63,15 +62,6 @@ class Migration(migrations.Migration):
         migrations.RunSQL(BEHIND, NOT_BEHIND),
         *(migrations.RemoveIndex(model_name="job", name=index.name) for index in CLAIM_INDEXES),
         *(migrations.AddIndex(model_name="job", index=index) for index in CLAIM_INDEXES),
-        migrations.RemoveIndex(model_name="job", name="axa_queue_status"),
-        migrations.AddIndex(
-            model_name="job",
-            index=models.Index(
-                fields=["status", "-created_at"],
-                name="axa_queue_status",
-                condition=models.Q(("status", "queued"), _negated=True),
-            ),
-        ),
         migrations.AddField(model_name="job", name="losses", field=models.IntegerField(db_default=0)),
         migrations.AddField(model_name="job", name="max_losses", field=models.IntegerField(blank=True, null=True)),
         migrations.CreateModel(
