@@ -143,3 +143,22 @@ def test_an_interrupted_soak_stops_its_worker_and_drops_its_database():
     assert not left, "the interrupted soak left its database behind"
     with pytest.raises(ProcessLookupError):
         os.kill(worker, 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_history_benchmark_prints_each_figure_on_a_small_and_a_large_history():
+    name = f"{connection.settings_dict['NAME']}_history"
+    env = dict(os.environ)
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    command = [sys.executable, "benchmarks/history.py", "--url", database_url(), "--db", name]
+    command += ["--rows", "3000", "--base-rows", "300", "--ready", "40", "--reps", "2"]
+    try:
+        result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        with psycopg.connect(database_url(), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = [line for line in result.stdout.splitlines() if re.search(r"\d\.\d\dx$", line)]
+    assert len(figures) == 8, result.stdout
+    assert "filled 3,000 finished rows" in result.stdout
+    assert re.search(r"retention: the oldest day \(\d+ of ~100 rows\) deleted", result.stdout), result.stdout
