@@ -337,7 +337,12 @@ class QueueDashboardAdmin(admin.ModelAdmin):
             "opts": self.opts,
             "stats": stats,
             "statuses": [
-                (status, status_badge(status), thousands(count), f"{jobs_url}?status__exact={status}")
+                (
+                    status,
+                    status_badge(status),
+                    ("about " if stats.counts_estimated else "") + thousands(count),
+                    f"{jobs_url}?status__exact={status}",
+                )
                 for status, count in stats.counts.items()
             ],
             "ready": thousands(stats.ready),

@@ -213,7 +213,8 @@ def _json_list(value: Any) -> list[str]:
     return [str(item) for item in value] if isinstance(value, list) else []
 
 
-def _statuses(cursor: Any) -> tuple[dict[str, int], bool]:
+def status_totals(cursor: Any) -> tuple[dict[str, int], bool]:
+    """Rows per status, and whether they are the planner's estimates (tables of EXACT_BELOW rows and more)."""
     cursor.execute(ESTIMATE)
     row = cursor.fetchone()
     rows_now, values, freqs = row if row else (-1.0, None, None)
@@ -234,7 +235,7 @@ def collect(using: str | None = None, queues: list[str] | None = None) -> Snapsh
         if not outer:
             # Transaction-local: inside the caller's transaction (ATOMIC_REQUESTS) it would outlive us.
             cursor.execute(TIMEOUT, [STATEMENT_TIMEOUT])
-        statuses, estimated = _statuses(cursor)
+        statuses, estimated = status_totals(cursor)
         cursor.execute(QUEUE_NAMES, {"queues": QUEUES})
         names = sorted({str(name) for (name,) in cursor.fetchall() if name is not None})
         cursor.execute(WORKERS)

@@ -115,7 +115,7 @@ def main() -> None:
         ("live refresh (JSON poll: fleetstats.collect + JSON)", lambda: views.dashboard_json()),
         ("  fleetstats.collect alone", lambda: fleetstats.collect()),
         ("jobhealth (figures + unhandled names)", lambda: health.check()),
-        ("full page's own figures (exact counts, 24 h chart)", lambda: (dashboard.collect(), unhandled.find())),
+        ("full page's own figures (totals by status, 24 h chart)", lambda: (dashboard.collect(), unhandled.find())),
     ]
     for label, function in lines:
         median, p95, worst = timed(function, args.reps)

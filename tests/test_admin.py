@@ -19,7 +19,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from axa_django import dashboard
+from axa_django import dashboard, fleetstats
 from axa_django.admin import error_line, format_duration
 from axa_django.models import Job, Worker
 from axa_django.pagination import EstimatedCountPaginator
@@ -525,6 +525,25 @@ def test_nobody_adds_or_edits_jobs_here(admin_client: Client) -> None:
 
 
 # The dashboard.
+
+
+def test_on_a_big_history_the_dashboard_shows_estimated_totals_without_counting_every_row(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO axa_queue (id, name, args, status, finished_at) SELECT gen_random_uuid(), 'x', '{}', "
+            "CASE WHEN i % 4 = 0 THEN 'failed' ELSE 'completed' END, now() FROM generate_series(1, 2000) AS i"
+        )
+        cursor.execute("ANALYZE axa_queue")
+    monkeypatch.setattr(fleetstats, "EXACT_BELOW", 1000)  # a table this big is estimated
+    with CaptureQueriesContext(connection) as queries:
+        response = admin_client.get(DASHBOARD)
+    assert not [q["sql"] for q in queries if "GROUP BY status" in q["sql"]]  # no count of every row
+    stats = response.context["stats"]
+    assert stats.counts_estimated and 1400 <= stats.counts["completed"] <= 1600, stats.counts
+    html = response.content.decode()
+    assert re.search(r'data-status="completed">.*?about 1,\d{3}<', html, re.S), html
 
 
 def test_dashboard_counts_oldest_ready_chart_and_workers(admin_client: Client) -> None:
