@@ -60,6 +60,15 @@ class Claimer:
         self.lanes.learn(claimed, snap, full=not bounded)
         return claimed
 
+    def wait_bounded(self) -> None:
+        """Claim nothing until the next claim may walk from floors.
+
+        A writing transaction older than this claimer's first claim keeps its cap unknown
+        (it may still write rows behind any floor): on a server shared with other test
+        processes, theirs can.
+        """
+        wait_for(lambda: self.claim(limit=0) == [] and self.lanes.bounded(), timeout=120, what="a known cap")
+
     def finish(self, rows: list[tuple]) -> None:
         self.conn.execute(
             "UPDATE axa_queue SET status = 'completed', finished_at = now() WHERE id = ANY(%s)",
@@ -96,6 +105,8 @@ def test_under_a_held_snapshot_the_claims_walk_does_not_grow(held):
         conn.autocommit = True
         enqueue(conn, 500)
         claimer = Claimer(conn, [NAME])
+        claimer.finish(claimer.claim())
+        claimer.wait_bounded()
         seen = {}
         for turn in range(1, 801):
             rows = claimer.claim()
@@ -123,6 +134,7 @@ def test_a_row_committed_after_newer_rows_were_claimed_is_claimed_without_a_full
         claimer = Claimer(conn, [NAME])
         enqueue(conn, 20)
         claimer.claim()
+        claimer.wait_bounded()
         # A transaction writes a job (its run_at: this statement's time), then stays open
         # while newer jobs are enqueued and claimed, well past the floor's margin.
         (late_id, run_at) = late.execute(
@@ -155,6 +167,7 @@ def test_a_child_queued_behind_the_floor_is_found_through_its_notification(held)
         claimer = Claimer(conn, [NAME])
         rows = claimer.claim()
         assert [row[0] for row in rows] == [parent.pk]
+        claimer.wait_bounded()
         for _ in range(3):
             enqueue(conn, 8)
             claimer.finish(claimer.claim())
@@ -315,6 +328,7 @@ def test_lanes_stay_few_whatever_priorities_a_project_uses():
         assert sorted(p for batch in batches for p in batch) == list(range(100))
         assert all(min(a) > max(b) for a, b in itertools.pairwise(batches))  # best first, every claim
         assert len(claimer.lanes.key()) == MAX_LANES
+        claimer.wait_bounded()
         enqueue(conn, 1, priority=7)  # a priority past the lanes: walked from its start
         enqueue(conn, 1, priority=99)
         assert claimer.lanes.bounded()
