@@ -160,7 +160,7 @@ def test_workers_ride_out_a_postgres_restart_mid_drain(workers, log_file):
     assert set(runs) == {str(i) for i in range(total)}
     print(f"jobs run more than once: {sum(1 for n in runs.values() if n > 1)}")
     for proc in procs:
-        assert proc.poll() is None, "a worker died in the outage"
+        assert proc.poll() is None, "a worker died in the outage:\n" + proc.stdout.read()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
 
