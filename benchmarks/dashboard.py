@@ -42,6 +42,14 @@ def with_database(url: str, name: str) -> str:
     return urlunsplit(parts._replace(path="/" + name))
 
 
+def drop_database(url: str, name: str) -> None:
+    """Drop database ``name`` on the server at ``url``, its sessions too."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def timed(function, reps: int) -> tuple[float, float, float]:
     """(median, p95, max) milliseconds of ``function()``, after one warm-up call."""
     function()
@@ -122,8 +130,7 @@ def main() -> None:
         print(f"{label}: median {median:.1f} ms, p95 {p95:.1f} ms, max {worst:.1f} ms ({args.reps} reps)", flush=True)
     connection.close()
     if not args.keep:
-        with psycopg.connect(args.url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{NAME}" WITH (FORCE)')
+        drop_database(args.url, NAME)
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.dashboard import drop_database, with_database
 from benchmarks.dashboard import timed as spread
-from benchmarks.dashboard import with_database
 
 NAME = "axa_bench_history"
 DAYS = 30
@@ -160,8 +160,7 @@ def main() -> None:
     worker.close()
     connection.close()
     if not args.keep:
-        with psycopg.connect(args.url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{args.db}" WITH (FORCE)')
+        drop_database(args.url, args.db)
 
 
 if __name__ == "__main__":
