@@ -20,7 +20,7 @@ from django.db import connection
 
 from axa_django import queues, sql, sqlflow
 from axa_django.worker import Worker, connect
-from tests.conftest import AXA_APPS
+from tests.conftest import AXA_APPS, wait_for
 from tests.testapp import flow_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
@@ -165,6 +165,25 @@ def limited_claims(worker: Worker, rounds: int) -> tuple[int, list[float], list[
             return total, times, [key for (key,) in cursor.fetchall()]
 
 
+def fold_after_the_writes() -> None:
+    """Fold once no transaction older than the writes so far runs (on any database of the server).
+
+    A fold reads the deltas from the previous fold's xmin on; a writing transaction of
+    another test process, older than these writes, keeps that xmin behind them, so the
+    next fold would walk every delta they made (dead once folded) until it ends.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_xact_id()")
+        (written,) = cursor.fetchone()
+
+        def settled() -> bool:
+            cursor.execute("SELECT pg_snapshot_xmin(pg_current_snapshot()) > %s::xid8", [written])
+            return bool(cursor.fetchone()[0])
+
+        wait_for(settled, timeout=120, what="the transactions older than the test's writes to end")
+    fold()
+
+
 def test_keys_held_at_their_limit_cost_the_limited_claim_nothing_however_many_sort_first() -> None:
     worker = Worker(install_signals=False)
     worker.id = uuid.uuid4()
@@ -184,7 +203,7 @@ def test_keys_held_at_their_limit_cost_the_limited_claim_nothing_however_many_so
             [P, FREE_KEYS],
         )
         cursor.execute("ANALYZE axa_queue")
-    fold()
+    fold_after_the_writes()
     few, _, claimed = limited_claims(worker, 0)
     assert claimed == FREE_KEYS
     with connection.cursor() as cursor:
@@ -194,7 +213,7 @@ def test_keys_held_at_their_limit_cost_the_limited_claim_nothing_however_many_so
             [P],
         )
         cursor.execute("ANALYZE axa_queue")
-    fold()
+    fold_after_the_writes()
     many, times, claimed = limited_claims(worker, 12)
     assert claimed == FREE_KEYS, f"a claim of 10 behind {HELD:,} held-back keys took {claimed}"
     warm = sorted(times[5:])
