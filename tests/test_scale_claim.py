@@ -69,6 +69,21 @@ class Claimer:
         """
         wait_for(lambda: self.claim(limit=0) == [] and self.lanes.bounded(), timeout=120, what="a known cap")
 
+    def settle(self) -> None:
+        """Wait out every transaction older than now, then claim nothing: the cap is now.
+
+        A writing transaction holds the cap at the last claim before it began while it
+        runs (its rows may yet commit behind the floors): one of another test process,
+        on a server shared with it, would keep the walk growing for as long as it lasts.
+        """
+        (now,) = self.conn.execute("SELECT pg_current_xact_id()").fetchone()
+        wait_for(
+            lambda: self.conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot()) > %s::xid8", [now]).fetchone()[0],
+            timeout=120,
+            what="the transactions older than now to end",
+        )
+        assert self.claim(limit=0) == []
+
     def finish(self, rows: list[tuple]) -> None:
         self.conn.execute(
             "UPDATE axa_queue SET status = 'completed', finished_at = now() WHERE id = ANY(%s)",
@@ -114,6 +129,7 @@ def test_under_a_held_snapshot_the_claims_walk_does_not_grow(held):
             claimer.finish(rows)
             enqueue(conn, 16)
             if turn in (100, 800):
+                claimer.settle()
                 seen[turn] = (claimer.buffers(), claimer.buffers(full=True))
     (early, early_full), (late, late_full) = seen[100], seen[800]
     print(
