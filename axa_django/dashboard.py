@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from . import conf, fleetstats
 from .models import Job
+
+logger = logging.getLogger("axa_django")
 
 # Seconds between the live dashboard's refreshes (paused while its tab is hidden).
 REFRESH_SECONDS = 5
@@ -27,20 +30,50 @@ SELECT now(), count(*), now() - min(run_at)
 FROM axa_queue WHERE status = 'queued' AND run_at <= now()
 """
 
-# Jobs finished per hour over the last 24 hours, one row per hour even when empty.
+# The chart's hours: the last 24 whole hours in UTC, the current one last. A past hour is
+# counted once, SETTLE after it ended, into axa_finished_hour; only the hours not kept yet
+# (the current one, mostly) are counted from the history. Counting the whole day at each
+# page load read every job finished in it: 215 ms with 10,000,000 rows in the history.
+SETTLE = datetime.timedelta(minutes=5)  # a finish commits a moment after its finished_at
+KEEP_HOURS = """
+WITH hours AS (
+    SELECT g.hour FROM generate_series(
+        date_trunc('hour', now(), 'UTC') - interval '23 hours', date_trunc('hour', now(), 'UTC'), interval '1 hour'
+    ) AS g(hour)
+    WHERE g.hour + interval '1 hour' + %(settle)s <= now()
+      AND NOT EXISTS (SELECT 1 FROM axa_finished_hour k WHERE k.hour = g.hour)
+), forgotten AS (
+    DELETE FROM axa_finished_hour WHERE hour < now() - interval '7 days'
+)
+INSERT INTO axa_finished_hour (hour, completed, failed)
+SELECT h.hour, count(q.id) FILTER (WHERE q.status = 'completed'), count(q.id) FILTER (WHERE q.status = 'failed')
+FROM hours h
+LEFT JOIN axa_queue q
+    ON q.status IN ('completed', 'failed') AND q.finished_at >= h.hour AND q.finished_at < h.hour + interval '1 hour'
+GROUP BY h.hour
+ON CONFLICT (hour) DO NOTHING
+"""
 HOURLY = """
-WITH finished AS (
-    SELECT date_trunc('hour', finished_at) AS hour,
+WITH hours AS (
+    SELECT g.hour FROM generate_series(
+        date_trunc('hour', now(), 'UTC') - interval '23 hours', date_trunc('hour', now(), 'UTC'), interval '1 hour'
+    ) AS g(hour)
+), live AS (
+    SELECT date_trunc('hour', finished_at, 'UTC') AS hour,
            count(*) FILTER (WHERE status = 'completed') AS completed,
            count(*) FILTER (WHERE status = 'failed') AS failed
     FROM axa_queue
-    WHERE status IN ('completed', 'failed') AND finished_at >= date_trunc('hour', now()) - interval '23 hours'
+    WHERE status IN ('completed', 'failed')
+      AND finished_at >= (
+          SELECT min(h.hour) FROM hours h WHERE NOT EXISTS (SELECT 1 FROM axa_finished_hour k WHERE k.hour = h.hour)
+      )
+      AND finished_at < date_trunc('hour', now(), 'UTC') + interval '1 hour'
     GROUP BY 1
 )
-SELECT h.hour, coalesce(f.completed, 0), coalesce(f.failed, 0)
-FROM generate_series(date_trunc('hour', now()) - interval '23 hours', date_trunc('hour', now()), interval '1 hour')
-     AS h(hour)
-LEFT JOIN finished f ON f.hour = h.hour
+SELECT h.hour, coalesce(k.completed, l.completed, 0), coalesce(k.failed, l.failed, 0)
+FROM hours h
+LEFT JOIN axa_finished_hour k ON k.hour = h.hour
+LEFT JOIN live l ON l.hour = h.hour
 ORDER BY h.hour
 """
 
@@ -107,6 +140,7 @@ def collect(using: str | None = None) -> Stats:
         counts.update(found)  # statuses written by other producers still show
         cursor.execute(READY)
         now, ready, oldest = cursor.fetchone()
+        _keep_hours(cursor, using or conf.get("DATABASE"))
         cursor.execute(HOURLY)
         hours = [Hour(start, completed, failed) for start, completed, failed in cursor.fetchall()]
         cursor.execute(WORKERS)
@@ -115,6 +149,16 @@ def collect(using: str | None = None) -> Stats:
             for id_, host, pid, conc, queues, started, age, running in cursor.fetchall()
         ]
     return Stats(now, counts, ready, oldest, hours, workers, counts_estimated=estimated)
+
+
+def _keep_hours(cursor: Any, using: str) -> None:
+    # In a savepoint: a database user that may not write (or a lock timeout) costs the
+    # page its shortcut, never the page itself or the request's transaction.
+    try:
+        with transaction.atomic(using=using):
+            cursor.execute(KEEP_HOURS, {"settle": SETTLE})
+    except DatabaseError as error:
+        logger.warning("the dashboard could not keep its past hours' counts (it counts them each time): %s", error)
 
 
 def _json_list(value: Any) -> list[str]:

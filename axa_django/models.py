@@ -513,6 +513,22 @@ class RateBucket(models.Model):
         return f"{self.name} [{self.key}] next start at {self.tat:%Y-%m-%d %H:%M:%S.%f%z}"
 
 
+class FinishedHour(models.Model):
+    """Jobs that finished in one past hour (UTC), counted once after it ended: the dashboard chart's past."""
+
+    hour = models.DateTimeField(primary_key=True)
+    completed = models.BigIntegerField()
+    failed = models.BigIntegerField()
+
+    class Meta:
+        db_table = "axa_finished_hour"
+        ordering = ["hour"]
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H:00%z}: {self.completed} completed, {self.failed} failed"
+
+
 # The admin's own index entries (Failed jobs, the Dashboard): proxies, so they load with the
 # app's models and migrations see them.
 class FailedJob(Job):

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from axa_django import dashboard, fleetstats
 from axa_django.admin import error_line, format_duration
-from axa_django.models import Job, Worker
+from axa_django.models import FinishedHour, Job, Worker
 from axa_django.pagination import EstimatedCountPaginator
 from axa_django.worker import connect
 from tests.conftest import database_url, wait_for
@@ -574,6 +574,43 @@ def test_dashboard_counts_oldest_ready_chart_and_workers(admin_client: Client) -
     assert rows["box-b"].queues == [] and "<td>all</td>" in html
     assert not rows["box-b"].alive
     assert f'href="{JOBS}?status__exact=failed"' in html
+
+
+def test_the_chart_counts_each_past_hour_once_and_the_current_hour_live(admin_client: Client, caplog) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT date_trunc('hour', now(), 'UTC'), now()")
+        current, now = cursor.fetchone()
+    five_ago, two_ago = current - datetime.timedelta(hours=5), current - datetime.timedelta(hours=2)
+    early = [make_job("completed", finished_at=five_ago + datetime.timedelta(minutes=10)) for _ in range(2)]
+    make_job("failed", finished_at=two_ago + datetime.timedelta(minutes=1))
+    make_job("completed", finished_at=now)
+    hours = {h.start: h for h in admin_client.get(DASHBOARD).context["stats"].hours}
+    assert (hours[five_ago].completed, hours[two_ago].failed, hours[current].completed) == (2, 1, 1)
+    kept = {row.hour: (row.completed, row.failed) for row in FinishedHour.objects.all()}
+    assert kept[five_ago] == (2, 0) and kept[two_ago] == (0, 1) and current not in kept
+    # Every past hour that ended over SETTLE ago is kept, the empty ones too.
+    ended = [current - datetime.timedelta(hours=n) for n in range(1, 24)]
+    assert sorted(kept) == sorted(h for h in ended if h + datetime.timedelta(hours=1) + dashboard.SETTLE <= now)
+
+    # A kept hour is read, not counted again: its rows pruned meanwhile still show; the
+    # current hour is counted at each load.
+    Job.objects.filter(pk__in=[job.pk for job in early]).delete()
+    make_job("completed", finished_at=now)
+    hours = {h.start: h for h in admin_client.get(DASHBOARD).context["stats"].hours}
+    assert (hours[five_ago].completed, hours[current].completed) == (2, 2)
+
+    # A database the page may not write to (a read-only replica), inside the request's
+    # transaction (ATOMIC_REQUESTS): the same chart, counted, and the transaction lives on.
+    FinishedHour.objects.all().delete()
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION READ ONLY")
+        stats = dashboard.collect()
+        assert Job.objects.count() == 3
+    hours = {h.start: h for h in stats.hours}
+    assert (hours[five_ago].completed, hours[two_ago].failed, hours[current].completed) == (0, 1, 2)
+    assert not FinishedHour.objects.exists()
+    assert "could not keep its past hours' counts" in caplog.text and "read-only" in caplog.text
 
 
 def test_dashboard_of_an_empty_queue(admin_client: Client) -> None:

@@ -20,6 +20,7 @@ TABLES = (
     "axa_rate_bucket",
     "axa_dependency",
     "axa_workflow",
+    "axa_finished_hour",
 )
 PROBE = "axa_house_probe"
 
@@ -61,6 +62,7 @@ def test_the_app_has_one_initial_migration():
         "0005_losses.py",
         "0006_flow_keys.py",
         "0007_admin_indexes.py",
+        "0008_finished_hours.py",
     ]
 
 
