@@ -159,6 +159,6 @@ def test_the_history_benchmark_prints_each_figure_on_a_small_and_a_large_history
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     assert result.returncode == 0, result.stdout + result.stderr
     figures = [line for line in result.stdout.splitlines() if re.search(r"\d\.\d\dx$", line)]
-    assert len(figures) == 8, result.stdout
+    assert len(figures) == 9, result.stdout
     assert "filled 3,000 finished rows" in result.stdout
     assert re.search(r"retention: the oldest day \(\d+ of ~100 rows\) deleted", result.stdout), result.stdout
