@@ -65,6 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hold-snapshot", action="store_true", help="hold a REPEATABLE READ snapshot after warm-up")
     parser.add_argument("--release-at", type=float, help="release the snapshot at this second (default: the end)")
     parser.add_argument("--peer", choices=PEERS, help="soak this peer instead of axa-django")
+    parser.add_argument(
+        "--retention", type=float, help="axa-django: the worker's RETENTION in seconds (default: none, history kept)"
+    )
     parser.add_argument("--interval", type=float, default=10.0, help="seconds per printed line (default 10)")
     parser.add_argument("--claim-limit", type=int, help="jobs per EXPLAINed claim (default: axa 4, pgqueuer 10)")
     parser.add_argument(
@@ -86,6 +89,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--warmup must be at least 0 and less than the run ({total:g} s); got {args.warmup:g}")
     if args.release_at is not None and not args.hold_snapshot:
         parser.error("--release-at needs --hold-snapshot")
+    if args.retention is not None and (args.peer or args.retention <= 0):
+        parser.error("--retention is a positive number of seconds, for axa-django (a peer keeps its own history)")
     if args.release_at is not None and not args.warmup < args.release_at < total:
         parser.error(f"--release-at must fall after the warm-up ({args.warmup:g} s) and before the end ({total:g} s)")
     for name, value in (("--minutes x 60", total), ("--warmup", args.warmup), ("--release-at", args.release_at)):
@@ -335,6 +340,8 @@ class Soak:
         self.env = dict(os.environ, DATABASE_URL=url, PYTHONPATH=str(ROOT), BENCH_RECORD=str(self.record))
         self.env["PYTHONUNBUFFERED"] = "1"
         self.env.pop("DJANGO_SETTINGS_MODULE", None)  # axa_peer sets benchmarks.settings
+        if args.retention:
+            self.env["AXA_BENCH_RETENTION"] = str(args.retention)
         self.tcp = args.connection.startswith("TCP")  # over a Unix socket the worker's backends are not told apart
 
     def tool_command(self, role: str, *extra: str) -> list[str]:
@@ -763,14 +770,18 @@ def check(run: Run, soak_: Soak, table: str) -> dict[str, Any]:
         # Outcomes are written just after the jobs end; give the last batch a moment.
         deadline = time.monotonic() + 10
         while True:
-            rows, completed = run.watch.conn.execute(
-                "SELECT count(*), count(*) FILTER (WHERE status = 'completed') FROM axa_queue"
+            rows, completed, unfinished = run.watch.conn.execute(
+                "SELECT count(*), count(*) FILTER (WHERE status = 'completed'), "
+                "count(*) FILTER (WHERE status NOT IN ('completed', 'failed', 'cancelled')) FROM axa_queue"
             ).fetchone()
-            if completed >= out["ran"] or time.monotonic() > deadline:
+            # With --retention the oldest rows are gone: wait for none unfinished instead.
+            if completed >= out["ran"] or (run.args.retention and not unfinished) or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
         out["rows"], out["completed"] = rows, completed
         text += f"; {table} holds {rows:,} rows, {completed:,} completed"
+        if run.args.retention:
+            text += f" (RETENTION {run.args.retention:g} s deletes the older ones)"
     print(text, flush=True)
     return out
 
