@@ -1,11 +1,11 @@
 """What a worker does besides running jobs: enqueue periodic jobs, prune, relay cancels.
 
-``run(worker)`` is called from the dispatcher's housekeeping; it uses the dispatcher
-thread's Django connection, and only when there is something to do, so a worker with
-no periodic jobs and no RETENTION opens no extra connection. Each step runs in its
-own transaction under ``SET LOCAL`` lock and statement timeouts, so a locked table or
-a slow statement costs the dispatcher seconds, not the lease: the step is abandoned
-with a warning and tried again at the next housekeeping.
+``run(worker)`` is called from the worker's maintenance thread (maintenance.py; a burst
+worker's dispatcher calls it itself); it uses the calling thread's Django connection,
+and only when there is something to do, so a worker with no periodic jobs and no
+RETENTION opens no extra connection. Each step runs in its own transaction under
+``SET LOCAL`` lock and statement timeouts, so a locked table or a slow statement costs
+seconds: the step is abandoned with a warning and tried again at the next round.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from . import conf, cron, pruning
 logger = logging.getLogger("axa_django")
 
 CANCEL_CHANNEL = "axa_cancel"
-# Rows a worker prunes per housekeeping: small enough not to delay claims noticeably.
+# Rows deleted per statement (each its own transaction): a short lock on each, and a
+# stop is seen between two of them.
 RETENTION_BATCH = 2000
 # Bounds of one housekeeping statement, in seconds: waiting for a lock, and running.
 LOCK_TIMEOUT = 1.0
@@ -76,13 +77,21 @@ def _schedule(worker: Housekeeper, names: list[str]) -> datetime.datetime:
     return now
 
 
-def _prune(worker: Housekeeper, retention: float) -> None:
-    with bounded(worker.using):
-        deleted = pruning.prune_batch(
-            datetime.timedelta(seconds=retention), batch_size=RETENTION_BATCH, using=worker.using
-        )
-    if deleted:
-        logger.info("pruned %d finished job(s) older than RETENTION", deleted)
+def _prune(worker: Housekeeper, retention: float, until: threading.Event | None) -> None:
+    deleted = 0
+    try:
+        while True:
+            with bounded(worker.using):
+                batch = pruning.prune_batch(
+                    datetime.timedelta(seconds=retention), batch_size=RETENTION_BATCH, using=worker.using
+                )
+            deleted += batch
+            # One batch a round for a burst worker's dispatcher; else until caught up or stopped.
+            if until is None or until.is_set() or batch < RETENTION_BATCH:
+                break
+    finally:
+        if deleted:
+            logger.info("pruned %d finished job(s) older than RETENTION", deleted)
 
 
 def _step(what: str, using: str | None, step: Callable[[], T]) -> T | None:
@@ -101,11 +110,12 @@ def _step(what: str, using: str | None, step: Callable[[], T]) -> T | None:
     return None
 
 
-def run(worker: Housekeeper) -> float | None:
-    """Enqueue due periodic jobs this worker could run, then prune one batch if RETENTION is set.
+def run(worker: Housekeeper, prune_until: threading.Event | None = None) -> float | None:
+    """Enqueue due periodic jobs this worker could run, then prune if RETENTION is set.
 
-    Return the seconds until the next occurrence of those periodic jobs, or None if
-    there are none, so the worker can come back in time for it.
+    Without ``prune_until``, one batch; with it, batch after batch until one comes back
+    short or the event is set. Return the seconds until the next occurrence of those
+    periodic jobs, or None if there are none, so the caller can come back in time for it.
     """
     retention = conf.get("RETENTION")
     names = worker.handler_names()
@@ -114,7 +124,7 @@ def run(worker: Housekeeper) -> float | None:
     if jobs:
         now = _step("schedule periodic jobs", conf.get("DATABASE"), lambda: _schedule(worker, names))
     if retention is not None:
-        _step("prune", worker.using, lambda: _prune(worker, retention))
+        _step("prune", worker.using, lambda: _prune(worker, retention, prune_until))
     # Only when the database could not be read: the host clock, merely to choose
     # when to look again (what is due is always decided by the database clock).
     now = now or datetime.datetime.now(datetime.UTC)

@@ -42,6 +42,7 @@ from .execution import (
     perform,
 )
 from .logs import plural, summary
+from .maintenance import Maintenance
 from .queuelimits import QueueClaim
 from .selection import UnknownJobs, check_names, check_queue
 from .workerdb import (
@@ -254,6 +255,9 @@ class Worker(Connections, Loops, FlowLoops):
             functools.partial(self._execute, bounded=True), lease=self.lease, registered=registry.registry
         )
         self._start_threads()
+        if not self.burst:
+            maintenance = Maintenance(self, self._housekeeping_interval(), self._stopping)
+            self._spawn(maintenance.loop, "axa-maintenance")
         if self.notify:
             self._check_notify()
         try:
@@ -391,7 +395,7 @@ class Worker(Connections, Loops, FlowLoops):
         self._execute(dependencies.SWEEP, {}, bounded=True)  # children of parents ended outside a finisher
 
     def _housekeep(self) -> float:
-        """Rescue, then periodic jobs and pruning; return seconds until the next housekeeping."""
+        """Rescue and its kin (and for a burst worker, periodic jobs and pruning); seconds until the next."""
         interval = self._housekeeping_interval()
         # Periodic jobs may wake housekeeping every second; dead workers are looked for
         # only every lease/3, as the lease needs.
@@ -405,7 +409,9 @@ class Worker(Connections, Loops, FlowLoops):
             self._next_unhandled = time.monotonic() + unhandled.CHECK_SECONDS
             rows = self._execute(sql.UNHANDLED, unhandled.params(self.lease), bounded=True)
             unhandled.warn(unhandled.rows_to_unhandled(rows or []))
-        soonest = housekeeping.run(self)
+        # Periodic jobs and retention have a thread of their own (maintenance.py); a burst
+        # worker, which may stop after one claim, does one round here.
+        soonest = housekeeping.run(self) if self.burst else None
         if soonest is not None:
             interval = max(0.01, min(interval, soonest))
         return interval

@@ -80,6 +80,8 @@ AXA_DJANGO = {
     "LEASE_SECONDS": float(os.environ.get("AXA_TEST_LEASE", "3")),
     "NOTIFY": os.environ.get("AXA_TEST_NOTIFY", "1") == "1",
 }
+if os.environ.get("AXA_TEST_RETENTION"):
+    AXA_DJANGO["RETENTION"] = float(os.environ["AXA_TEST_RETENTION"])
 if os.environ.get("AXA_TEST_POOLING") == "1":
     # A worker subprocess that reaches the database through a transaction pooler.
     AXA_DJANGO["TRANSACTION_POOLING"] = True

@@ -53,6 +53,7 @@ ORDER = [
     "listing",
     "queues",
     "housekeeping",
+    "maintenance",
     "queuelimits",
     # The worker process: its connections and its threads, then the dispatcher.
     "workerdb",

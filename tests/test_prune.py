@@ -251,6 +251,69 @@ def test_workers_prune_one_batch_per_housekeeping_with_retention(settings: Any) 
     assert by_status() == {"completed": 3, "queued": 2}
 
 
+def started_line(proc: subprocess.Popen[str], pattern: str, lines: list[str]) -> None:
+    """Read the worker's output into ``lines`` until a line holds ``pattern``."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if pattern in line:
+            return
+    raise AssertionError("the worker exited without saying " + repr(pattern) + ":\n" + "".join(lines))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_prunes_until_caught_up_in_its_maintenance_thread() -> None:
+    # One batch a housekeeping (every lease/3) pruned 200 rows/s at the defaults: less
+    # than a busy queue finishes. A round now deletes batch after batch.
+    total = 3 * housekeeping.RETENTION_BATCH + 10
+    insert_rows(total, "completed", age="2 hours")
+    insert_rows(3, "completed", age="10 minutes")
+    workers = Workers()
+    proc = workers.start("--concurrency", "1", env=workers.env(AXA_TEST_RETENTION="3600", AXA_LOG_LEVEL="INFO"))
+    lines: list[str] = []
+    try:
+        started_line(proc, "pruned", lines)
+        assert f"pruned {total} finished job(s) older than RETENTION" in lines[-1], "".join(lines)
+        assert by_status() == {"completed": 3}
+    finally:
+        workers.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_slow_prune_does_not_hold_up_the_claims() -> None:
+    insert_rows(10, "completed", age="2 hours")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION axa_test_stall() RETURNS trigger LANGUAGE plpgsql "
+            "AS $$ BEGIN PERFORM pg_sleep(30); RETURN NULL; END $$"
+        )
+        cursor.execute("CREATE TRIGGER axa_test_stall BEFORE DELETE ON axa_queue EXECUTE FUNCTION axa_test_stall()")
+    workers = Workers()
+    try:
+        workers.start("--concurrency", "1", env=workers.env(AXA_TEST_RETENTION="3600"))
+
+        def pruning() -> Any:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pid, query_start FROM pg_stat_activity WHERE state = 'active' "
+                    "AND pid <> pg_backend_pid() AND query LIKE %s",
+                    ["%DELETE FROM axa_queue WHERE id = ANY%"],
+                )
+                return cursor.fetchone()
+
+        stalled = wait_for(pruning, what="the worker's prune to stall in the trigger")
+        job = jobs.add.perform_later(2, b=3)
+        wait_for(lambda: Job.objects.get(pk=job.pk).status == "completed", what="the job done")
+        # Done while the prune statement still runs (its statement timeout is 5 s): the
+        # dispatcher did not wait for it.
+        assert pruning() == stalled
+    finally:
+        workers.close()
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER IF EXISTS axa_test_stall ON axa_queue")
+            cursor.execute("DROP FUNCTION IF EXISTS axa_test_stall()")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_workers_do_not_prune_without_retention() -> None:
     insert_rows(10, "completed", age="400 days")
