@@ -34,6 +34,8 @@ FROM axa_queue WHERE status = 'queued' AND run_at <= now()
 # counted once, SETTLE after it ended, into axa_finished_hour; only the hours not kept yet
 # (the current one, mostly) are counted from the history. Counting the whole day at each
 # page load read every job finished in it: 215 ms with 10,000,000 rows in the history.
+# LATERAL: one index range per missing hour, and none when no hour is missing (a join
+# was planned as a walk of the whole day, kept hours or not).
 SETTLE = datetime.timedelta(minutes=5)  # a finish commits a moment after its finished_at
 KEEP_HOURS = """
 WITH hours AS (
@@ -46,11 +48,14 @@ WITH hours AS (
     DELETE FROM axa_finished_hour WHERE hour < now() - interval '7 days'
 )
 INSERT INTO axa_finished_hour (hour, completed, failed)
-SELECT h.hour, count(q.id) FILTER (WHERE q.status = 'completed'), count(q.id) FILTER (WHERE q.status = 'failed')
+SELECT h.hour, c.completed, c.failed
 FROM hours h
-LEFT JOIN axa_queue q
-    ON q.status IN ('completed', 'failed') AND q.finished_at >= h.hour AND q.finished_at < h.hour + interval '1 hour'
-GROUP BY h.hour
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE q.status = 'completed') AS completed,
+           count(*) FILTER (WHERE q.status = 'failed') AS failed
+    FROM axa_queue q
+    WHERE q.status IN ('completed', 'failed') AND q.finished_at >= h.hour AND q.finished_at < h.hour + interval '1 hour'
+) AS c
 ON CONFLICT (hour) DO NOTHING
 """
 HOURLY = """
