@@ -1,4 +1,4 @@
-"""What a worker does besides running jobs: enqueue periodic jobs, prune, relay cancels.
+"""What a worker does besides running jobs: enqueue periodic jobs and prune old ones.
 
 ``run(worker)`` is called from the worker's maintenance thread (maintenance.py; a burst
 worker's dispatcher calls it itself); it uses the calling thread's Django connection,
@@ -14,9 +14,8 @@ import contextlib
 import datetime
 import logging
 import threading
-import uuid
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Protocol, TypeVar
 
 from django.db import DatabaseError, OperationalError, connections, transaction
 
@@ -24,7 +23,6 @@ from . import conf, cron, pruning
 
 logger = logging.getLogger("axa_django")
 
-CANCEL_CHANNEL = "axa_cancel"
 # Rows deleted per statement (each its own transaction): a short lock on each, and a
 # stop is seen between two of them.
 RETENTION_BATCH = 2000
@@ -132,18 +130,3 @@ def run(worker: Housekeeper, prune_until: threading.Event | None = None) -> floa
         _step(f"find the next run of {job.name}", None, lambda j=job: cron.seconds_until_next([j], now)) for job in jobs
     ]
     return min((wait for wait in waits if wait is not None), default=None)
-
-
-def relay_cancel(lock: threading.Lock, in_flight: Mapping[uuid.UUID, Any], payload: str) -> None:
-    """Tell the running job named by a NOTIFY ``axa_cancel`` payload that it was cancelled.
-
-    ``in_flight`` maps a worker's running job ids to their claims; ``lock`` guards it.
-    """
-    try:
-        job_id = uuid.UUID(payload)
-    except ValueError:
-        return
-    with lock:
-        job = in_flight.get(job_id)
-        if job is not None and job.context is not None:
-            job.context.cancel()

@@ -14,7 +14,6 @@ start-up checks, ``workerloops`` the thread bodies (both mixed into ``Worker``).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
@@ -624,9 +623,3 @@ class Worker(Connections, Loops, FlowLoops):
         with self._lock:
             for job_id in ids:
                 self._in_flight.pop(job_id, None)
-
-    @staticmethod
-    def _close(conn: psycopg.Connection[Any] | None) -> None:
-        if conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                conn.close()

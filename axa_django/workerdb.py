@@ -23,6 +23,8 @@ from .exceptions import CannotConnect, NotMigrated, PoolerMisconfigured
 logger = logging.getLogger("axa_django")
 
 CHANNEL = "axa_queue"
+# Where a cancel of running jobs is announced (models.JobQuerySet.cancel), the job id as payload.
+CANCEL_CHANNEL = "axa_cancel"
 RECONNECT_MAX = 5.0
 COALESCE = 0.0005
 # Housekeeping statements (rescue, never-due rows) may not hold the dispatcher longer.

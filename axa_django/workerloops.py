@@ -12,12 +12,13 @@ import logging
 import queue as queue_module
 import time
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 import psycopg
 from django.db import connections
 
-from . import health, housekeeping, registry, sql
+from . import health, registry, sql
 from .context import JobCancelled
 from .exceptions import UnstorableOutcome, stored_type
 from .execution import (
@@ -34,7 +35,7 @@ from .execution import (
 )
 from .logs import attempt_line
 from .signals import job_started
-from .workerdb import CHANNEL, COALESCE, RECONNECT_MAX, connect
+from .workerdb import CANCEL_CHANNEL, CHANNEL, COALESCE, RECONNECT_MAX, connect
 
 logger = logging.getLogger("axa_django")
 
@@ -140,12 +141,16 @@ class Loops:
                 logger.error("heartbeat failed (%s: %s); trying again in %.1fs", type(error).__name__, error, interval)
                 continue
             self._touch_health_file()
-            with self._lock:
-                for job_id in cancelled:
-                    job = self._in_flight.get(job_id)
-                    if job is not None and job.context is not None:
-                        job.context.cancel()
+            self._cancel(cancelled)
         self._close(conn)
+
+    def _cancel(self, job_ids: Iterable[uuid.UUID]) -> None:
+        """Tell those of our running jobs that were cancelled (flagged in their rows, or notified)."""
+        with self._lock:
+            for job_id in job_ids:
+                job = self._in_flight.get(job_id)
+                if job is not None and job.context is not None:
+                    job.context.cancel()
 
     def _touch_health_file(self) -> None:
         try:
@@ -229,7 +234,7 @@ class Loops:
                 if conn is None or conn.closed:
                     conn = connect(self.using, "listener")
                     conn.execute(f"LISTEN {CHANNEL}")
-                    conn.execute(f"LISTEN {housekeeping.CANCEL_CHANNEL}")
+                    conn.execute(f"LISTEN {CANCEL_CHANNEL}")
                     self._listening.set()
                     self._wake.set()  # anything enqueued while we were deaf
                     self._lanes.lower(None)  # and rows made ready behind the floors meanwhile
@@ -240,8 +245,9 @@ class Loops:
                     if note.payload == self._probe:
                         self._probe_seen.set()
                         continue
-                    if note.channel == housekeeping.CANCEL_CHANNEL:
-                        housekeeping.relay_cancel(self._lock, self._in_flight, note.payload)
+                    if note.channel == CANCEL_CHANNEL:
+                        with contextlib.suppress(ValueError):  # a payload not ours
+                            self._cancel([uuid.UUID(note.payload)])
                     else:
                         if note.payload:
                             self._lanes.heard(note.payload)  # rows ready behind the claim's floors
