@@ -48,8 +48,10 @@ def bounded(using: str) -> Iterator[None]:
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         # SET LOCAL (is_local=true): ends with the transaction, so nothing stays on a
         # pooled server connection.
+        # No JIT either: compiling costs more than any of these statements runs.
         cursor.execute(
-            "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
+            "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true), "
+            "set_config('jit', 'off', true)",
             [f"{round(LOCK_TIMEOUT * 1000)}ms", f"{round(STATEMENT_TIMEOUT * 1000)}ms"],
         )
         yield
