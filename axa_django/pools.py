@@ -50,8 +50,18 @@ class Pools:
         # This thread only joins the pools' threads: it holds none of the locks the
         # workers' stop() takes, so the handler may stop them directly.
         self._signals += 1
+        first = self._signals == 1
+        logger.log(
+            logging.INFO if first else logging.WARNING,
+            "received %s%s",
+            signal.Signals(signum).name,
+            ": finishing jobs in progress (again to abort)" if first else " again: giving jobs in progress back",
+        )
         for worker in self.workers:
-            worker._handle_signal(signum)
+            if first:
+                worker.stop()
+            else:
+                worker.abort()
 
     def _run_one(self, index: int, worker: Worker) -> None:
         try:

@@ -103,6 +103,7 @@ class Worker(Connections, Loops, FlowLoops):
         log_attempts: bool = False,
         timeout_grace: float = 5.0,
         prefetch: int | None = None,
+        health_file: str | None = None,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise ValueError(f"concurrency must be a positive whole number, not {concurrency!r}")
@@ -130,6 +131,7 @@ class Worker(Connections, Loops, FlowLoops):
         self.using = using or conf.get("DATABASE")
         self.install_signals = install_signals
         self.log_attempts = log_attempts
+        self.health_file = health_file  # touched at start and at each acknowledged heartbeat
         self.lease = float(conf.get("LEASE_SECONDS"))
         self.stale_minutes = int(conf.get("STALE_MINUTES"))
         self.pooling = bool(conf.get("TRANSACTION_POOLING"))
@@ -483,11 +485,7 @@ class Worker(Connections, Loops, FlowLoops):
         try:
             return self._queue_claims[key].claim(conn, limit)
         except psycopg.Error as error:
-            logger.warning("claiming jobs of limited queues failed (%s); trying again shortly", error)
-            if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
-                self._close(conn)
-                self._conn = None
-            self._aborting.wait(0.2)
+            self._claim_failed("jobs of limited queues", conn, error)
             return []
 
     def _mark_started(self) -> None:

@@ -150,6 +150,14 @@ class Connections:
                 delay = min(delay * 2, RECONNECT_MAX)
         return None
 
+    def _claim_failed(self, what: str, conn: psycopg.Connection[Any], error: psycopg.Error) -> None:
+        """A limited claim failed: log it, drop a broken connection (the next statement reconnects), back off."""
+        logger.warning("claiming %s failed (%s); trying again shortly", what, error)
+        if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
+            self._close(conn)
+            self._conn = None
+        self._aborting.wait(0.2)
+
     def _execute(self, query: str, params: dict[str, Any], *, bounded: bool = False) -> list[tuple[Any, ...]] | None:
         """Run one dispatcher statement; on failure log, back off, return None.
 

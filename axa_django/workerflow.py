@@ -169,12 +169,8 @@ class FlowLoops:
                 self._token_due = None if seconds is None else time.monotonic() + float(seconds)
             return rows
         except psycopg.Error as error:
-            logger.warning("claiming jobs with %s limits failed (%s); trying again shortly", kind, error)
             self._fold_since = "0"
-            if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
-                self._close(conn)
-                self._conn = None
-            self._aborting.wait(0.2)
+            self._claim_failed(f"jobs with {kind} limits", conn, error)
             return []
 
     def _flow_statements(self, kind: str, caps: dict[str, Any]) -> tuple[str, str]:

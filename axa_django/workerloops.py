@@ -43,8 +43,7 @@ logger = logging.getLogger("axa_django")
 class Loops:
     """The thread bodies of ``Worker`` (a mixin: the attributes are the worker's)."""
 
-    # runworker --health-file: touched at start and at each acknowledged heartbeat.
-    health_file: str | None = None
+    health_file: str | None
 
     def _job_loop(self) -> None:
         try:

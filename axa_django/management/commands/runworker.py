@@ -117,6 +117,7 @@ class Command(BaseCommand):
             "log_attempts": options["verbosity"] >= 2,
             "timeout_grace": options["timeout_grace"],
             "prefetch": options["prefetch"],
+            "health_file": options["health_file"],
         }
         try:
             if any(size is not None for _, size in queues):
@@ -135,7 +136,6 @@ class Command(BaseCommand):
         self._check_queues([queue for queue, _ in checked], [queue for queue, _ in options["new_queues"] or []])
         # Per-queue pools are workers of their own: each says what it holds and beats the file.
         for member in worker.workers if isinstance(worker, Pools) else [worker]:
-            member.health_file = options["health_file"]
             logging.getLogger("axa_django").info(start_line(member.concurrency, member.notify))
         try:
             code = worker.run()
