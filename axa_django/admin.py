@@ -18,7 +18,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.cache import never_cache
 
-from . import admin_queues, dashboard, fleetstats, unhandled, views
+from . import admin_queues, dashboard, fleetstats, unhandled
 from .admin_actions import JobActions, breadcrumbs, cancellable, job_id
 from .admin_display import (
     JobPermissions,
@@ -321,7 +321,7 @@ class QueueDashboardAdmin(admin.ModelAdmin):
             return HttpResponseNotAllowed(["GET"])
         if not self.has_view_permission(request):
             return JsonResponse({"error": "you may not view jobs"}, status=403)
-        return views.dashboard_json()
+        return dashboard.live_response()
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         if not self.has_view_permission(request):

@@ -151,12 +151,12 @@ class QueueBackend(BaseTaskBackend):
         """Map a row to a TaskResult (``task``: the one enqueued, else imported by path)."""
         if task is None:
             try:
-                task = _import_task(job.name)
+                task = import_task(job.name)
             except NotATask as error:
                 raise TaskResultDoesNotExist(f"{job.pk}: {error}") from None
         # A row enqueued without run_after has run_at = created_at (one statement's now()).
         run_after = None if job.run_at is None or job.run_at == job.created_at else job.run_at
-        task = _rebuild(task, priority=job.priority, queue_name=job.queue, run_after=run_after, backend=self.alias)
+        task = rebuild_task(task, priority=job.priority, queue_name=job.queue, run_after=run_after, backend=self.alias)
         stored = job.args if isinstance(job.args, dict) else {}
         errors = [
             TaskError(
@@ -246,7 +246,7 @@ def plain_json(value: Any, depth: int = 0) -> Any:
     return value
 
 
-def _rebuild(task: Task, **changes: Any) -> Task:
+def rebuild_task(task: Task, **changes: Any) -> Task:
     """A copy of ``task`` with ``changes``, without re-validating (the row was valid when written)."""
     copy = object.__new__(type(task))
     for item in dataclasses.fields(task):
@@ -254,7 +254,7 @@ def _rebuild(task: Task, **changes: Any) -> Task:
     return copy
 
 
-def _import_task(path: str) -> Task:
+def import_task(path: str) -> Task:
     """The Task at ``path`` if it belongs to a QueueBackend alias; NotATask otherwise.
 
     A row's name is data anyone who can write the table controls: only a module already

@@ -5,11 +5,14 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from django.db import DatabaseError, connections, transaction
+from django.http import JsonResponse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -158,6 +161,17 @@ def collect(using: str | None = None) -> Stats:
             for id_, host, pid, conc, queues, started, age, running in cursor.fetchall()
         ]
     return Stats(now, counts, ready, oldest, hours, workers, counts_estimated=estimated)
+
+
+def live_response() -> JsonResponse:
+    """The live dashboard's figures as JSON (503 with the reason when the database cannot be read)."""
+    started = time.perf_counter()
+    try:
+        snapshot = fleetstats.collect()
+    except (DatabaseError, psycopg.Error) as error:
+        text = " ".join(str(error).split()) or type(error).__name__
+        return JsonResponse({"error": f"cannot read the queue database: {text}"}, status=503)
+    return JsonResponse(live(snapshot, time.perf_counter() - started))
 
 
 def _keep_hours(cursor: Any, using: str) -> None:

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from . import conf
 from .arguments import ArgumentsMismatch
-from .backends import NotATask, QueueBackend, _import_task, _rebuild, plain_json, queue_backend_aliases
+from .backends import NotATask, QueueBackend, import_task, plain_json, queue_backend_aliases, rebuild_task
 from .exceptions import JobCancelled, TaskRefused, stored_type
 from .execution import Claimed, Outcome
 from .registry import default_backoff
@@ -54,7 +54,7 @@ class TaskRunner:
             if job.backend not in queue_backend_aliases():
                 raise NotATask(f"backend {job.backend!r} is not a QueueBackend alias in settings.TASKS")
             backend = task_backends[job.backend]
-            task = _rebuild(_import_task(job.name), backend=job.backend)
+            task = rebuild_task(import_task(job.name), backend=job.backend)
         except NotATask as error:
             return cls(job, None, None, str(error))
         except BaseException as error:  # noqa: BLE001 - no row may stop the worker, whatever its import raises

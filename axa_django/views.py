@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hmac
-import time
 
 import psycopg
 from django.db import DatabaseError
@@ -55,21 +54,10 @@ def metrics(request: HttpRequest) -> HttpResponse:
     return HttpResponse(body, content_type=content_type)
 
 
-def dashboard_json() -> JsonResponse:
-    """The live dashboard's figures as JSON (503 with the reason when the database cannot be read)."""
-    started = time.perf_counter()
-    try:
-        snapshot = fleetstats.collect()
-    except (DatabaseError, psycopg.Error) as error:
-        text = " ".join(str(error).split()) or type(error).__name__
-        return JsonResponse({"error": f"cannot read the queue database: {text}"}, status=503)
-    return JsonResponse(dashboard.live(snapshot, time.perf_counter() - started))
-
-
 @never_cache
 @require_GET
 def dashboard_data(request: HttpRequest) -> HttpResponse:
     """The live dashboard's poll, outside the admin: staff with view permission on jobs, or anyone if public."""
     if not may_read(request):
         return JsonResponse({"error": REFUSED}, status=403)
-    return dashboard_json()
+    return dashboard.live_response()

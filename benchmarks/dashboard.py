@@ -91,7 +91,7 @@ def main() -> None:
     from django.core.management import call_command
     from django.db import connection
 
-    from axa_django import dashboard, fleetstats, health, unhandled, views
+    from axa_django import dashboard, fleetstats, health, unhandled
 
     def sql(statement: str, params: object = None) -> None:
         with connection.cursor() as cursor:
@@ -120,7 +120,7 @@ def main() -> None:
         cursor.execute("SELECT version()")
         print("server:", cursor.fetchone()[0].split(",")[0])
     lines = [
-        ("live refresh (JSON poll: fleetstats.collect + JSON)", lambda: views.dashboard_json()),
+        ("live refresh (JSON poll: fleetstats.collect + JSON)", dashboard.live_response),
         ("  fleetstats.collect alone", lambda: fleetstats.collect()),
         ("jobhealth (figures + unhandled names)", lambda: health.check()),
         ("full page's own figures (totals by status, 24 h chart)", lambda: (dashboard.collect(), unhandled.find())),

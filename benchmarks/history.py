@@ -79,7 +79,7 @@ def main() -> None:
     from django.test import Client
     from django.urls import reverse
 
-    from axa_django import pruning, sql, views
+    from axa_django import dashboard, pruning, sql
     from axa_django.workerdb import connect
     from benchmarks.benchapp import jobs
 
@@ -116,7 +116,7 @@ def main() -> None:
             "enqueue one (perform_later)": timed(jobs.noop.perform_later, args.reps),
             "enqueue 100 (perform_later_many)": timed(lambda: jobs.noop.perform_later_many([{}] * 100), args.reps),
             "claim 16 (the worker's statement)": timed(claim_and_give_back, args.reps),
-            "dashboard refresh (JSON poll)": timed(views.dashboard_json, args.reps),
+            "dashboard refresh (JSON poll)": timed(dashboard.live_response, args.reps),
         }
         for label, url in lists.items():
             figures[label] = timed(lambda url=url: get(url), args.reps)
