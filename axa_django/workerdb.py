@@ -13,7 +13,7 @@ from typing import Any
 
 import django
 import psycopg
-from django.db import connections
+from django.db import InterfaceError, OperationalError, connections
 from django.db.migrations.executor import MigrationExecutor
 
 from . import conf, dberrors, sql
@@ -206,19 +206,32 @@ class Connections:
             raise NotMigrated(f"the queue tables do not exist in database {name!r}: run python manage.py migrate first")
         # Tables of an older release: every statement naming a newer column would fail
         # while the worker idled, so it says so now, as for missing tables.
-        try:
-            executor = MigrationExecutor(connections[self.using])
-            targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == "axa_django"]
-            plan = executor.migration_plan(targets)
-            missing = [migration.name for migration, _ in plan if migration.app_label == "axa_django"]
-        finally:
-            connections[self.using].close()
+        missing = self._missing_migrations()
         if missing:
             self._close(self._conn)
             raise NotMigrated(
                 f"database {name!r} lacks migration(s) {', '.join(missing)} of axa_django, which this version "
                 "needs: run python manage.py migrate first"
             )
+
+    def _missing_migrations(self) -> list[str]:
+        """The app's migrations the database lacks, read through a restart of the server (retried until stopped)."""
+        delay = 0.1
+        while True:
+            try:
+                executor = MigrationExecutor(connections[self.using])
+                targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == "axa_django"]
+                plan = executor.migration_plan(targets)
+                return [migration.name for migration, _ in plan if migration.app_label == "axa_django"]
+            except (OperationalError, InterfaceError) as error:
+                # A server restarting as the worker starts (its other steps reconnect alike).
+                if self._aborting.is_set():
+                    return []
+                logger.warning("cannot read the applied migrations (%s); retrying in %.1fs", error, delay)
+                self._aborting.wait(delay)
+                delay = min(delay * 2, RECONNECT_MAX)
+            finally:
+                connections[self.using].close()
 
     def _check_pooler(self) -> None:
         """Refuse, or fall back from, what a transaction pooler (PgBouncer) breaks.

@@ -165,6 +165,35 @@ def test_workers_ride_out_a_postgres_restart_mid_drain(workers, log_file):
         assert proc.wait(timeout=60) == 0
 
 
+def test_a_worker_whose_connection_drops_as_it_starts_retries_and_starts(workers):
+    # The restart test above caught a worker still starting (reading the applied
+    # migrations) when the server went down: it exited 1 with a traceback. Here the
+    # same moment, made certain: the read waits on a lock and its backend is ended.
+    with connect("default", "test lock") as holder, connect("default", "test watcher") as watcher:
+        watcher.autocommit = True  # pg_stat_activity is read once per transaction
+        holder.autocommit = False
+        holder.execute("LOCK TABLE django_migrations IN ACCESS EXCLUSIVE MODE")
+        proc = workers.start("--concurrency", "1", env=workers.env(AXA_LOG_LEVEL="INFO"))
+
+        def blocked() -> int | None:
+            row = watcher.execute(
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                ["%django_migrations%"],
+            ).fetchone()
+            return row[0] if row else None
+
+        pid = wait_for(blocked, what="the starting worker to wait for the migrations table")
+        watcher.execute("SELECT pg_terminate_backend(%s)", [pid])
+        holder.rollback()
+    job = jobs.add.perform_later(2, b=3)
+    wait_for(lambda: fresh(job).status == "completed" or proc.poll() is not None, timeout=60, what="the job done")
+    assert proc.poll() is None, "the worker died as it started:\n" + proc.stdout.read()
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, output
+    assert "cannot read the applied migrations" in output and "retrying" in output, output
+
+
 def test_chaos_kill_a_random_worker_every_second(workers, log_file):
     total, concurrency = 5000, "4"
     # Every kill costs the jobs in flight an attempt; give them plenty.
