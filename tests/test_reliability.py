@@ -171,6 +171,7 @@ def test_a_worker_whose_connection_drops_as_it_starts_retries_and_starts(workers
     # same moment, made certain: the read waits on a lock and its backend is ended.
     with connect("default", "test lock") as holder, connect("default", "test watcher") as watcher:
         watcher.autocommit = True  # pg_stat_activity is read once per transaction
+        holder.execute("SET idle_in_transaction_session_timeout = 0")  # a worker connection's is half a lease
         holder.autocommit = False
         holder.execute("LOCK TABLE django_migrations IN ACCESS EXCLUSIVE MODE")
         proc = workers.start("--concurrency", "1", env=workers.env(AXA_LOG_LEVEL="INFO"))
