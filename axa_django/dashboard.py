@@ -174,6 +174,9 @@ def live_response() -> JsonResponse:
     return JsonResponse(live(snapshot, time.perf_counter() - started))
 
 
+_KEEP_REFUSED: set[str] = set()  # aliases whose refusal was logged (a read-only user is refused at every load)
+
+
 def _keep_hours(cursor: Any, using: str) -> None:
     # In a savepoint: a database user that may not write (or a lock timeout) costs the
     # page its shortcut, never the page itself or the request's transaction.
@@ -181,7 +184,9 @@ def _keep_hours(cursor: Any, using: str) -> None:
         with transaction.atomic(using=using):
             cursor.execute(KEEP_HOURS, {"settle": SETTLE})
     except DatabaseError as error:
-        logger.warning("the dashboard could not keep its past hours' counts (it counts them each time): %s", error)
+        level = logging.DEBUG if using in _KEEP_REFUSED else logging.WARNING
+        _KEEP_REFUSED.add(using)
+        logger.log(level, "the dashboard could not keep its past hours' counts (it counts them each time): %s", error)
 
 
 def _json_list(value: Any) -> list[str]:
