@@ -23,11 +23,7 @@ def test_the_benchmark_runs_and_counts_every_job_once(tmp_path):
     command = [sys.executable, "benchmarks/run.py", "--drain", "50", "--latency-jobs", "10", "--skip", "single"]
     command += ["--latency-gap", "0.01", "--skip", "bulk", "--skip", "drain2", "--skip", "claim"]
     command += ["--idle-timeout", "0", "--db-prefix", prefix, "--json", str(out)]
-    try:
-        result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    finally:
-        with psycopg.connect(database_url(), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{prefix}axa" WITH (FORCE)')
+    result = _run_then_drop(command, env, f"{prefix}axa")
     assert result.returncode == 0, result.stdout + result.stderr
     header = result.stdout.splitlines()[1]
     assert "fsync=" in header and "synchronous_commit=" in header, header
@@ -57,6 +53,14 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _run_then_drop(command: list[str], env: dict[str, str], database: str) -> subprocess.CompletedProcess[str]:
+    """Run a benchmark script; drop the database it made, however it ended."""
+    try:
+        return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        _drop(database)
 
 
 def _database_exists(name: str) -> bool:
@@ -152,11 +156,7 @@ def test_the_history_benchmark_prints_each_figure_on_a_small_and_a_large_history
     env.pop("DJANGO_SETTINGS_MODULE", None)
     command = [sys.executable, "benchmarks/history.py", "--url", database_url(), "--db", name]
     command += ["--rows", "3000", "--base-rows", "300", "--ready", "40", "--reps", "2"]
-    try:
-        result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    finally:
-        with psycopg.connect(database_url(), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    result = _run_then_drop(command, env, name)
     assert result.returncode == 0, result.stdout + result.stderr
     figures = [line for line in result.stdout.splitlines() if re.search(r"\d\.\d\dx$", line)]
     assert len(figures) == 9, result.stdout
