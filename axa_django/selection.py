@@ -6,6 +6,7 @@ import difflib
 import unicodedata
 from collections.abc import Iterable
 
+import django
 from django.db import connections
 
 from . import conf, registry
@@ -33,6 +34,16 @@ SELECT queue FROM queues
 UNION SELECT queue FROM axa_paused_queue
 UNION SELECT queue FROM axa_queue_limit
 """
+
+
+def task_backend_aliases() -> list[str]:
+    """settings.TASKS aliases whose backend is axa_django's QueueBackend (none before Django 6.0)."""
+    if django.VERSION < (6, 0):
+        return []
+    # Lazy: backends imports django.tasks, which exists only on Django >= 6.
+    from .backends import queue_backend_aliases
+
+    return queue_backend_aliases()
 
 
 def check_queue(queue: object) -> str:

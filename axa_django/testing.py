@@ -28,8 +28,8 @@ from .attempts import RAISE_INLINE, Attempt, JobFailed, Recorder
 from .execution import Claimed, Outcome, attempt_of, finish, log_receiver_errors, perform_here, send_finished
 from .models import Job
 from .reach import UnreachableJobWarning
+from .selection import task_backend_aliases
 from .signals import job_started
-from .worker import task_backend_aliases
 
 __all__ = [
     "Attempt",

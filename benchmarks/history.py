@@ -80,7 +80,7 @@ def main() -> None:
     from django.urls import reverse
 
     from axa_django import dashboard, pruning, sql
-    from axa_django.workerdb import connect
+    from axa_django.worker import connect
     from benchmarks.benchapp import jobs
 
     call_command("migrate", verbosity=0)

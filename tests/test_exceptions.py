@@ -35,7 +35,7 @@ def test_every_exception_is_stored_under_a_path_in_axa_django_exceptions_that_im
 
 def test_the_old_import_locations_still_work():
     import axa_django
-    from axa_django import arguments, context, execution, reach, rows, selection, workerdb
+    from axa_django import arguments, context, execution, reach, rows, selection, worker
 
     for module, name in [
         (axa_django, "JobTimeout"),
@@ -48,7 +48,10 @@ def test_the_old_import_locations_still_work():
         (arguments, "ArgumentsMismatch"),
         (rows, "DuplicateJob"),
         (selection, "UnknownQueues"),
-        (workerdb, "NotMigrated"),
+        (worker, "NotMigrated"),
+        (worker, "CannotConnect"),
+        (worker, "PoolerMisconfigured"),
+        (worker, "UnknownJobs"),
         (reach, "UnreachableJobWarning"),
     ]:
         assert getattr(module, name) is getattr(exceptions, name)

@@ -110,13 +110,13 @@ def test_claims_with_limits_rates_and_pauses_touch_at_most_twice_the_buffers_of_
     plain = claim_cost(sql.compose(sql.CLAIM, [U], [], None), params)
     plain_ms = sum(MILLISECONDS)
     worker = Worker(install_signals=False)
-    limits, steps = worker._keyed([L, R])
+    limits, steps = worker.limited.keyed([L, R])
     walk = {"start": "", "limit": 10, "reach": 80}
-    pick, claim = worker._flow_statements("concurrency", limits)
+    pick, claim = worker.limited.statements("concurrency", limits)
     MILLISECONDS.clear()
     limited = claim_cost(claim, params, (pick, walk))
     limited_ms = sum(MILLISECONDS)
-    pairs, claim = worker._flow_statements("rate", steps)
+    pairs, claim = worker.limited.statements("rate", steps)
     rated = claim_cost(claim, params, (pairs, walk))
     queues.pause("paused-q")
     paused_plain = claim_cost(sql.compose(sql.CLAIM, [U], [], None), params)
@@ -144,7 +144,7 @@ def limited_claims(worker: Worker, rounds: int) -> tuple[int, list[float], list[
     The buffers of the last one (explained), the milliseconds of each (not explained;
     psycopg prepares the statements from the fifth on, as in a worker), the keys claimed.
     """
-    pick, claim = worker._flow_statements("concurrency", {P: 1})
+    pick, claim = worker.limited.statements("concurrency", {P: 1})
     walk = {"start": "", "limit": 10, "reach": 80}
     params = {"worker": worker.id, "limit": 10, "ahead": False}
     times: list[float] = []

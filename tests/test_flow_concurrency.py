@@ -146,25 +146,23 @@ def test_bad_keys_are_refused_and_nothing_is_written() -> None:
 
 def test_jobs_without_limits_take_the_plain_claim() -> None:
     worker = Worker(install_signals=False, names=[flow_jobs.unlimited.name])
-    assert worker._limited_names(worker.handler_names()) == set()
+    assert worker.limited.limited_names(worker.handler_names()) == set()
     worker = Worker(install_signals=False)
-    limits, steps = worker._keyed(worker.handler_names())
+    limits, steps = worker.limited.keyed(worker.handler_names())
     assert limits[flow_jobs.one_per_account.name] == 1 and steps[flow_jobs.five_per_second.name] == 0.2
 
 
-class CountingWorker(Worker):
-    """Counts its claims, and the limited claims among them (instrumentation of our code; the database is real)."""
+def counted(part: Any, method: str, by_first_argument: bool = False) -> Counter[str]:
+    """Count the calls of ``part.method`` (instrumentation of our code; the database is real)."""
+    calls: Counter[str] = Counter()
+    original = getattr(part, method)
 
-    claims = 0
-    limited: Counter[str]
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        calls[args[0] if by_first_argument else method] += 1
+        return original(*args, **kwargs)
 
-    def _claim(self, *args: Any, **kwargs: Any) -> Any:
-        self.claims += 1
-        return super()._claim(*args, **kwargs)
-
-    def _claim_pairs(self, kind: str, *args: Any) -> Any:
-        self.limited[kind] += 1
-        return super()._claim_pairs(kind, *args)
+    setattr(part, method, wrapper)
+    return calls
 
 
 def test_a_kind_of_claim_that_came_back_empty_is_not_tried_before_every_claim_of_the_others(tmp_path) -> None:
@@ -172,11 +170,12 @@ def test_a_kind_of_claim_that_came_back_empty_is_not_tried_before_every_claim_of
     # is claimed, draining the others must not pay a limited claim's round trip each time.
     flow_jobs.unlimited.perform_later_many([{"token": f"u{i}", "seconds": 0.002} for i in range(400)])
     flow_jobs.one_per_account.perform_later(1, "late", str(tmp_path / "log"))
-    worker = CountingWorker(burst=True, install_signals=False, concurrency=2)
-    worker.limited = Counter()
+    worker = Worker(burst=True, install_signals=False, concurrency=2)
+    claims = counted(worker.claimer, "claim")
+    limited = counted(worker.limited, "claim_pairs", by_first_argument=True)
     assert worker.run() == 0
-    assert worker.claims > 20, worker.claims
-    assert worker.limited["concurrency"] <= worker.claims // 4, (worker.limited, worker.claims)
+    assert claims["claim"] > 20, claims
+    assert limited["concurrency"] <= claims["claim"] // 4, (limited, claims)
     assert Job.objects.filter(status="completed").count() == 401
 
 

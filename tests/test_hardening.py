@@ -303,14 +303,15 @@ def test_compose_writes_each_value_once_whatever_it_holds():
 def test_claims_and_outcomes_leave_no_session_setting_behind():
     jobs.add.perform_later(1)
     worker = Worker(concurrency=1, install_signals=False)
-    worker._conn = connect("default", "test")
+    assert worker.db.open_first()
     try:
-        claimed = worker._claim(worker.handler_names(), 1)
+        claimed = worker.claimer.claim(worker.handler_names(), 1)
         assert len(claimed) == 1
-        assert worker._conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
-        assert worker._conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] == 0
+        conn = worker.db.current()
+        assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
+        assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] == 0
     finally:
-        worker._conn.close()
+        worker.db.close()
 
 
 # -- 4.1 / 4.5 statements whose LIMIT must hold under any plan; queues stay apart -------
@@ -320,14 +321,15 @@ def test_claims_and_outcomes_leave_no_session_setting_behind():
 def test_the_claim_takes_no_more_than_its_limit_under_forced_plans(forced):
     jobs.add.perform_later_many([{"a": i} for i in range(300)])
     worker = Worker(concurrency=4, install_signals=False)
-    worker._conn = connect("default", "test")
+    assert worker.db.open_first()
     try:
-        worker._conn.execute("SET enable_hashjoin = off")
-        worker._conn.execute("SET enable_mergejoin = off")
-        worker._conn.execute(f"SET {forced} = off")
-        claimed = worker._claim(["tests.testapp.jobs.add"], 3)
+        conn = worker.db.current()
+        conn.execute("SET enable_hashjoin = off")
+        conn.execute("SET enable_mergejoin = off")
+        conn.execute(f"SET {forced} = off")
+        claimed = worker.claimer.claim(["tests.testapp.jobs.add"], 3)
     finally:
-        worker._conn.close()
+        worker.db.close()
     assert len(claimed) == 3
     assert Job.objects.filter(status="running").count() == 3
 

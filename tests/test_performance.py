@@ -79,8 +79,8 @@ def test_claims_find_their_rows_by_primary_key_even_when_the_statistics_saw_noth
     jobs.count.perform_later_many([{"fail": False} for _ in range(2_000)])
     flow_jobs.one_per_account.perform_later_many([{"account_id": i} for i in range(2_000)])
     worker = Worker(install_signals=False)
-    limits, _ = worker._keyed([flow_jobs.one_per_account.name])
-    _, claim_limited = worker._flow_statements("concurrency", limits)
+    limits, _ = worker.limited.keyed([flow_jobs.one_per_account.name])
+    _, claim_limited = worker.limited.statements("concurrency", limits)
     for query in (sql.compose(sql.CLAIM, ["CountWorker"], [], None), claim_limited):
         plan = generic_plan(query)
         target = plan.split("\n")[[i for i, line in enumerate(plan.split("\n")) if " on axa_queue q" in line][-1]]

@@ -144,11 +144,11 @@ def test_a_job_cancelled_while_claimed_ahead_never_starts(log_file):
     context.cancel()
     job = Claimed(context.job_id, context.name, None, 1, None, args_json=json.dumps({"token": "t", "log": log_file}))
     job.context, job.unmarked = context, True
-    worker._in_flight[job.id] = job
-    worker._work.put(job)
-    worker._work.put(None)
-    worker._job_loop()
-    outcome = worker._outcomes.get_nowait()
+    worker.ledger.hold([job])
+    worker.ledger.hand_out([job])
+    worker.jobs.stop()
+    worker.jobs.loop()
+    outcome = worker.ledger.outcomes.get_nowait()
     assert (outcome.status, outcome.started is not None) == ("cancelled", True)
     assert "cancelled before it started" in outcome.error
-    assert Path(log_file).read_text() == "" and not worker._in_flight
+    assert Path(log_file).read_text() == "" and worker.ledger.held() == 0

@@ -11,7 +11,7 @@ from django.db import connection
 from axa_django import Job, batch, dependencies, sql, workflow
 from axa_django.execution import Outcome, finish
 from axa_django.models import Dependency, Workflow
-from axa_django.workerdb import connect
+from axa_django.worker import connect
 from tests.conftest import AXA_APPS, wait_for
 from tests.testapp import workflow_jobs as wj
 

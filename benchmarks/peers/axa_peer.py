@@ -49,7 +49,7 @@ class Peer(Tool):
         default --concurrency), none ahead."""
         from axa_django import sql
         from axa_django.registry import registry
-        from axa_django.workerdb import task_backend_aliases
+        from axa_django.selection import task_backend_aliases
 
         text = sql.compose(sql.CLAIM, sorted(registry), task_backend_aliases(), None)
         for number, name in enumerate(("worker", "limit", "ahead"), 1):

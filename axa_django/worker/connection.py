@@ -1,0 +1,208 @@
+"""The worker's connections: how each is opened, and the dispatcher's, which reconnects through outages."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any
+
+import psycopg
+from django.db import connections
+
+from .. import conf, dberrors, sql
+from ..exceptions import CannotConnect
+from .control import Control
+from .ledger import Ledger
+from .options import Options
+
+logger = logging.getLogger("axa_django")
+
+CHANNEL = "axa_queue"
+# Where a cancel of running jobs is announced (models.JobQuerySet.cancel), the job id as payload.
+CANCEL_CHANNEL = "axa_cancel"
+RECONNECT_MAX = 5.0
+COALESCE = 0.0005
+# Housekeeping statements (rescue, never-due rows) may not hold the dispatcher longer.
+STATEMENT_TIMEOUT = "5s"
+LOCK_TIMEOUT = "1s"
+
+
+def prepare_threshold(using: str) -> int | None:
+    options = connections[using].settings_dict.get("OPTIONS", {})
+    if conf.get("TRANSACTION_POOLING"):
+        return None  # a transaction pooler hands each transaction to any server connection
+    # Django leaves server-side prepared statements off by default; the worker repeats
+    # a handful of statements thousands of times, so it prepares them unless told not to.
+    return options.get("prepare_threshold", 5)
+
+
+def keepalives(lease: float) -> dict[str, int]:
+    """libpq settings that make a silently dead TCP link fail within about one lease."""
+    return {
+        "keepalives": 1,
+        "keepalives_idle": max(1, round(lease / 3)),
+        "keepalives_interval": max(1, round(lease / 10)),
+        "keepalives_count": 3,
+        # Unacknowledged data (a statement sent into a partition) gives up after a lease.
+        "tcp_user_timeout": max(1000, round(lease * 1000)),
+        "connect_timeout": max(2, round(lease / 3)),
+    }
+
+
+def connect(using: str, purpose: str) -> psycopg.Connection[Any]:
+    """Open an autocommit psycopg connection to the queue database; the session is left as a pooler can reuse it."""
+    wrapper = connections[using]
+    params = wrapper.get_connection_params()
+    for key in ("cursor_factory", "context", "server_side_binding"):
+        params.pop(key, None)
+    params["prepare_threshold"] = prepare_threshold(using)
+    for key, value in keepalives(float(conf.get("LEASE_SECONDS"))).items():
+        params.setdefault(key, value)  # the project's OPTIONS win
+    params.setdefault("application_name", f"axa_django {purpose}")
+    conn = psycopg.connect(autocommit=True, **params)
+    if params["prepare_threshold"] is not None:
+        # With a large history PostgreSQL's choice between plans goes to custom plans,
+        # re-planning the claim at every call for the same plan; ours are good generic.
+        # A link cut between a statement and its COMMIT leaves the server holding the
+        # transaction's row locks until it notices the dead peer (hours), and other
+        # workers' rescue waiting on them: our transactions never idle, so the server
+        # ends such a session after half a lease. (A transaction pooler owns the
+        # session instead: nothing is set there.) A generic plan made while the queue was
+        # empty would scan the table for as long as it is cached: our statements all have
+        # their index, so a sequential scan is never the plan a worker wants. Nor a bitmap
+        # scan: on small tables the planner priced a claim's walk as a bitmap scan of all
+        # queued rows plus a sort as cheap as the claim index's ordered walk, and kept it.
+        # Nor JIT: a small table's sequential scan, still planned where it has no index,
+        # now costs more than jit_above_cost, and compiling took longer than the statement
+        # ever runs (on PostgreSQL 15: the rescue 30-95 ms instead of 0.1, the look for
+        # unhandled jobs 670-770 ms, each time, on the dispatcher).
+        idle = max(100, round(float(conf.get("LEASE_SECONDS")) * 500))
+        conn.execute(
+            "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), "
+            "set_config('idle_in_transaction_session_timeout', %s, false), "
+            "set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false), "
+            "set_config('jit', 'off', false)",
+            [f"{idle}ms"],
+        )
+    return conn
+
+
+def close(conn: psycopg.Connection[Any] | None) -> None:
+    """Close ``conn`` if there is one, whatever state it is in."""
+    if conn is not None:
+        with contextlib.suppress(psycopg.Error):
+            conn.close()
+
+
+class DispatcherConnection:
+    """The dispatcher's connection: opened at start, reopened after an outage, by this part alone."""
+
+    def __init__(self, options: Options, control: Control, ledger: Ledger) -> None:
+        self.options, self.control, self.ledger = options, control, ledger
+        self._conn: psycopg.Connection[Any] | None = None
+        self._failing_since: float | None = None
+
+    def open_first(self) -> bool:
+        """Connect, waiting for a server that is not up yet; False if stopped first, CannotConnect if refused."""
+        delay = 0.1
+        settings = connections[self.options.using].settings_dict
+        where = f"database {settings.get('NAME')!r} on {settings.get('HOST') or 'local socket'}"
+        if settings.get("PORT"):
+            where += f":{settings['PORT']}"
+        while True:  # at least one try, so that a worker stopped at once still starts and stops cleanly
+            try:
+                self._conn = connect(self.options.using, "dispatcher")
+                return True
+            except psycopg.OperationalError as error:
+                if self.control.stopping.is_set():
+                    return False
+                if dberrors.refused(error):
+                    raise CannotConnect(
+                        f"cannot connect to {where} as {settings.get('USER') or 'the default user'!r} "
+                        f"(DATABASES[{self.options.using!r}]): {dberrors.message(error)}"
+                    ) from None
+                # A process manager may start workers before PostgreSQL: wait for it.
+                logger.warning(
+                    "cannot reach %s yet (%s); the worker has not started and retries in %.1fs until the "
+                    "database accepts it (SIGTERM stops it)",
+                    where,
+                    dberrors.message(error),
+                    delay,
+                )
+                self.control.stopping.wait(delay)
+                delay = min(delay * 2, RECONNECT_MAX)
+
+    def current(self) -> psycopg.Connection[Any] | None:
+        """The connection if it is open, else None (the next ``execute`` reconnects)."""
+        conn = self._conn
+        return None if conn is None or conn.closed else conn
+
+    def close(self) -> None:
+        """Close the connection; the next ``execute`` opens another."""
+        close(self._conn)
+        self._conn = None
+
+    def _reconnect(self) -> psycopg.Connection[Any] | None:
+        delay = 0.1
+        while not self.control.aborting.is_set():
+            try:
+                return connect(self.options.using, "dispatcher")
+            except psycopg.OperationalError as error:
+                if self.control.stopping.is_set() and not self.ledger.held():
+                    return None
+                logger.warning("dispatcher: cannot reach the database (%s); retrying in %.1fs", error, delay)
+                self.control.aborting.wait(delay)
+                delay = min(delay * 2, RECONNECT_MAX)
+        return None
+
+    def failed(self, what: str, error: psycopg.Error) -> None:
+        """A statement run on ``current()`` failed: log it, drop a broken connection, back off."""
+        logger.warning("claiming %s failed (%s); trying again shortly", what, error)
+        if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
+            self.close()
+        self.control.aborting.wait(0.2)
+
+    def execute(self, query: str, params: dict[str, Any], *, bounded: bool = False) -> list[tuple[Any, ...]] | None:
+        """Run one dispatcher statement; on failure log, back off, return None.
+
+        ``bounded`` runs it under a statement and lock timeout (housekeeping). A
+        connection failure reconnects; any other database error is logged, and if
+        the dispatcher's statements keep failing for a lease the worker stops (exit 1).
+        """
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = self._reconnect()
+                if self._conn is None:
+                    return None
+            with contextlib.ExitStack() as stack:
+                if bounded:
+                    stack.enter_context(self._conn.transaction())
+                cursor = stack.enter_context(self._conn.cursor())
+                if bounded:
+                    cursor.execute(sql.TIMEOUTS, {"statement": STATEMENT_TIMEOUT, "lock": LOCK_TIMEOUT})
+                cursor.execute(query, params)
+                rows = cursor.fetchall() if cursor.description else []
+        except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+            if isinstance(error, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
+                logger.warning("dispatcher statement cut short (%s); trying again later", error)
+                return None
+            logger.warning("dispatcher lost the database (%s); reconnecting", error)
+            self.close()
+            self.control.aborting.wait(0.2)
+            return None
+        except psycopg.Error as error:
+            now = time.monotonic()
+            self._failing_since = self._failing_since or now
+            logger.error("dispatcher statement failed (%s: %s); trying again shortly", type(error).__name__, error)
+            lease = self.options.lease
+            if now - self._failing_since > lease:
+                raise RuntimeError(f"the dispatcher's statements have failed for over {lease:g}s") from error
+            self.control.aborting.wait(min(1.0, self.options.poll_interval))
+            return None
+        self._failing_since = None
+        return rows
+
+    def bounded(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]] | None:
+        """``execute`` under the housekeeping timeouts."""
+        return self.execute(query, params, bounded=True)

@@ -1,0 +1,57 @@
+"""The events every part of a worker obeys (wake, stop, abort, done) and the threads it started."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+logger = logging.getLogger("axa_django")
+
+
+class Control:
+    """Stop, abort and wake a worker; start its threads so that one dying stops the worker (exit 1).
+
+    ``wake`` rouses the dispatcher (a thread freed, an outcome written, a notification);
+    ``stopping``: claim no more; ``aborting``: give jobs in progress back now; ``done``:
+    the worker is gone, so the heartbeat and the watchdog stop.
+    """
+
+    def __init__(self) -> None:
+        self.wake = threading.Event()
+        self.stopping = threading.Event()
+        self.aborting = threading.Event()
+        self.done = threading.Event()
+        self.fatal: str | None = None  # the thread whose death stopped the worker
+        self.threads: list[threading.Thread] = []
+
+    def stop(self) -> None:
+        """Claim no more; jobs in progress finish."""
+        self.stopping.set()
+        self.wake.set()
+
+    def abort(self) -> None:
+        """Stop now, giving jobs in progress back to the queue."""
+        self.aborting.set()
+        self.stop()
+
+    def die(self, what: str) -> None:
+        """One of the worker's own threads is gone: stop everything, exit 1."""
+        if self.fatal is None:
+            self.fatal = what
+        self.done.set()  # stop heartbeating at once: the lease rescues our jobs
+        self.abort()
+
+    def spawn(self, target: Callable[[], None], name: str) -> None:
+        """Run ``target`` on a daemon thread; if it raises, the worker dies."""
+
+        def guarded() -> None:
+            try:
+                target()
+            except BaseException:
+                logger.critical("worker thread %s died; stopping the worker (exit 1)", name, exc_info=True)
+                self.die(name)
+
+        thread = threading.Thread(target=guarded, name=name, daemon=True)
+        thread.start()
+        self.threads.append(thread)

@@ -1,0 +1,206 @@
+"""The dispatcher: claims as many rows as threads can take soon, and the rescue between claims."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+from .. import conf, dependencies, housekeeping, sql, unhandled
+from .claimer import Claimer
+from .connection import COALESCE, DispatcherConnection
+from .control import Control
+from .ledger import Ledger
+from .limited import ADOPT_SECONDS, LimitedClaims
+from .options import Options
+from .quiet import Quiet
+
+logger = logging.getLogger("axa_django")
+
+# Rows claimed ahead of free threads cover about this much of the jobs' observed run
+# time: short jobs are claimed in batches of tens, a job of PREFETCH_HORIZON x
+# concurrency or longer gets no row claimed ahead of it.
+PREFETCH_HORIZON = 0.02
+# A job claimed ahead and started longer ago than this gets its started_at written
+# before its outcome; shorter jobs have it written with the outcome, at no cost.
+MARK_AFTER = 0.05
+
+
+class Dispatcher:
+    """The main thread's loop: housekeeping when due, then a claim sized to the threads, then a wait."""
+
+    def __init__(
+        self,
+        options: Options,
+        worker_id: uuid.UUID,
+        control: Control,
+        ledger: Ledger,
+        db: DispatcherConnection,
+        claimer: Claimer,
+        limited: LimitedClaims,
+        quiet: Quiet,
+    ) -> None:
+        self.options, self.worker_id, self.control, self.ledger = options, worker_id, control, ledger
+        self.db, self.claimer, self.limited, self.quiet = db, claimer, limited, quiet
+        # The first look waits a lease: workers started together have all registered by then.
+        self._next_unhandled = time.monotonic() + options.lease
+        self._next_rescue = 0.0
+        self._next_adopt = 0.0
+
+    def register(self) -> None:
+        """Write this worker's row."""
+        self.db.execute(sql.REGISTER, self.options.registration(self.worker_id))
+
+    def run(self, names: list[str]) -> None:
+        """Claim and hand out rows of ``names`` until stopped (a burst worker: until none are left)."""
+        options, control, ledger = self.options, self.control, self.ledger
+        next_housekeeping = 0.0
+        claimed_total = 0
+        backlog = False
+        while not control.stopping.is_set():
+            now = time.monotonic()
+            if now >= next_housekeeping:
+                next_housekeeping = now + self.housekeep()
+            if ledger.has_starts():
+                self._mark_started()
+            if options.max_jobs is not None and claimed_total >= options.max_jobs and not ledger.held():
+                break
+            control.wake.clear()
+            room = self._room(claimed_total, backlog)
+            if room <= 0:
+                self._wait(next_housekeeping - time.monotonic())
+                continue
+            if backlog and room < options.concurrency and not self._ahead():
+                # More rows are waiting and other threads are about to free up: wait
+                # a moment for them, so that one claim serves several.
+                room = self._gather(claimed_total)
+            # Read before claiming: an outcome written after the claim (a retry
+            # queued again) must get another claim before a burst worker exits.
+            settled = not ledger.held() and not ledger.unwritten()
+            control.wake.clear()
+            free = options.concurrency - ledger.running()
+            tried_all = not self.quiet.any()  # a kind that came back empty lately is skipped (quiet.py)
+            jobs = self.claimer.claim(names, room, ahead=room > free)
+            if jobs is None:  # database trouble: already logged and backed off
+                continue
+            claimed_total += len(jobs)
+            backlog = ledger.backlog = len(jobs) == room
+            ledger.hand_out(jobs)
+            if not jobs:
+                self.quiet.stir()  # idle: the next claim tries every kind again
+                if not tried_all:
+                    continue  # at once: a burst worker must not stop, nor any worker wait, on a skipped kind
+            if len(jobs) < room:
+                if options.burst and not jobs:
+                    if settled and self.quiet.token_due is None:
+                        break
+                    self._wait(next_housekeeping - time.monotonic())
+                    continue
+                if not jobs:
+                    self._wait(min(self.claimer.next_run(names), next_housekeeping - time.monotonic()))
+
+    def _room(self, claimed_total: int, backlog: bool) -> int:
+        """How many rows to claim now; 0 while threads are busy and enough rows wait for them.
+
+        With a backlog, rows are claimed ahead of free threads (``_ahead``) and claimed
+        again once half of those have been taken, so that a burst of short jobs never
+        waits on a round trip; without one, only for threads left with nothing to do.
+        """
+        ledger, options = self.ledger, self.options
+        waiting = ledger.waiting()
+        running = ledger.held() - waiting
+        ahead = self._ahead()
+        if waiting > (ahead // 2 if backlog else 0) or (not backlog and running >= options.concurrency):
+            return 0
+        room = options.concurrency + ahead - ledger.held()
+        if options.max_jobs is not None:
+            room = min(room, options.max_jobs - claimed_total)
+        return room
+
+    def _ahead(self) -> int:
+        """Rows to hold beyond free threads: PREFETCH_HORIZON of the jobs seen so far, at most ``prefetch``."""
+        seconds = self.ledger.job_seconds
+        options = self.options
+        if seconds is None or not options.prefetch:
+            return 0
+        return min(options.prefetch, int(options.concurrency * PREFETCH_HORIZON / max(seconds, 1e-6)))
+
+    def _idle(self, claimed_total: int) -> int:
+        idle = self.options.concurrency - self.ledger.held()
+        if self.options.max_jobs is not None:
+            idle = min(idle, self.options.max_jobs - claimed_total)
+        return idle
+
+    def _gather(self, claimed_total: int) -> int:
+        deadline = time.monotonic() + COALESCE
+        wake = self.control.wake
+        while (idle := self._idle(claimed_total)) < self.options.concurrency:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            wake.clear()
+            if self._idle(claimed_total) == idle:  # nothing freed since we looked
+                wake.wait(left)
+        return idle
+
+    def _wait(self, timeout: float) -> None:
+        if self.ledger.has_starts():
+            timeout = min(timeout, MARK_AFTER)
+        self.control.wake.wait(max(0.0, min(timeout, self.options.poll_interval)))
+
+    def _mark_started(self) -> None:
+        """Write started_at of claimed-ahead jobs running past MARK_AFTER: a lost worker then counts them a loss."""
+        due = self.ledger.starts_before(time.time() - MARK_AFTER)
+        if due:
+            params = {"ids": list(due), "at": list(due.values()), "worker": self.worker_id}
+            if self.db.execute(sql.MARK_STARTED, params) is None:
+                self.ledger.keep_starts(due)  # try again at the next turn
+
+    def rescue(self) -> None:
+        """Queue again the rows of workers whose lease ran out (and fail rows that can never run)."""
+        options = self.options
+        params = {"lease": options.lease, "stale": options.stale_minutes, "max_losses": int(conf.get("MAX_LOSSES"))}
+        rows = self.db.bounded(sql.RESCUE, params)
+        if rows:
+            failed = sum(1 for _, status in rows if status == "failed")
+            logger.warning(
+                "requeued %d job(s) whose worker stopped%s",
+                len(rows) - failed,
+                f"; {failed} more had lost their worker max_losses times and failed" if failed else "",
+            )
+        rows = self.db.bounded(sql.FAIL_NEVER_DUE, {})
+        if rows:
+            logger.warning("failed %d job(s) whose run_at was 'infinity'", len(rows))
+        self.db.bounded(dependencies.SWEEP, {})  # children of parents ended outside a finisher
+
+    def housekeep(self) -> float:
+        """Rescue and its kin (and for a burst worker, periodic jobs and pruning); seconds until the next."""
+        options = self.options
+        interval = options.housekeeping_interval
+        # Periodic jobs may wake housekeeping every second; dead workers are looked for
+        # only every lease/3, as the lease needs.
+        if time.monotonic() >= self._next_rescue:
+            self._next_rescue = time.monotonic() + interval
+            self.rescue()
+        if time.monotonic() >= self._next_adopt:
+            self._next_adopt = time.monotonic() + ADOPT_SECONDS
+            self.limited.adopt_unkeyed(options.handler_names())
+        if time.monotonic() >= self._next_unhandled:
+            self._next_unhandled = time.monotonic() + unhandled.CHECK_SECONDS
+            rows = self.db.bounded(sql.UNHANDLED, unhandled.params(options.lease))
+            unhandled.warn(unhandled.rows_to_unhandled(rows or []))
+        # Periodic jobs and retention have a thread of their own (maintenance.py); a burst
+        # worker, which may stop after one claim, does one round here.
+        soonest = housekeeping.run(options) if options.burst else None
+        if soonest is not None:
+            interval = max(0.01, min(interval, soonest))
+        return interval
+
+    def unclaim_waiting(self) -> None:
+        """Give back the rows claimed ahead that no thread has started, as if never claimed."""
+        ids = self.ledger.take_waiting()
+        if not ids:
+            return
+        if self.db.execute(sql.UNCLAIM, {"ids": ids, "worker": self.worker_id}) is not None:
+            logger.info("gave %d job(s) claimed ahead back to the queue, unstarted", len(ids))
+        self.ledger.forget(ids)

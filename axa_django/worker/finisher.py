@@ -1,0 +1,154 @@
+"""The finisher: writes outcomes in batches on a connection of its own, retrying through outages."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import queue as queue_module
+import time
+import uuid
+from typing import Any
+
+import psycopg
+
+from .. import sql
+from ..exceptions import UnstorableOutcome, stored_type
+from ..execution import Outcome, finish, storable
+from .connection import COALESCE, RECONNECT_MAX, close, connect
+from .control import Control
+from .ledger import Ledger
+from .limited import LimitedClaims
+from .listener import Listener
+from .options import Options
+from .quiet import Quiet
+
+logger = logging.getLogger("axa_django")
+
+# Outcomes written by one statement at most.
+BATCH = 500
+
+
+class Finisher:
+    """Takes outcomes off the ledger and writes them; a refused outcome is written as a failure saying why."""
+
+    def __init__(
+        self,
+        options: Options,
+        worker_id: uuid.UUID,
+        control: Control,
+        ledger: Ledger,
+        limited: LimitedClaims,
+        listener: Listener,
+        quiet: Quiet,
+    ) -> None:
+        self.options, self.worker_id, self.control, self.ledger = options, worker_id, control, ledger
+        self.limited, self.listener, self.quiet = limited, listener, quiet
+
+    def stop(self) -> None:
+        """End the loop once the outcomes handed over before are written."""
+        self.ledger.outcomes.put(None)
+
+    def loop(self) -> None:
+        """Write outcomes until ``stop``."""
+        conn: psycopg.Connection[Any] | None = None
+        with contextlib.suppress(psycopg.OperationalError):
+            conn = connect(self.options.using, "finisher")  # now, so the first outcome does not wait for it
+        outcomes = self.ledger.outcomes
+        done = False
+        while not done:
+            first = outcomes.get()
+            if first is None:
+                break
+            batch = [first]
+            gather_until = time.monotonic() + COALESCE
+            while len(batch) < BATCH:
+                try:
+                    # Outcomes of jobs claimed together arrive together: a moment's
+                    # wait lets one statement write them all.
+                    item = outcomes.get(timeout=max(0.0, gather_until - time.monotonic()))
+                except queue_module.Empty:
+                    break
+                if item is None:
+                    done = True
+                    break
+                batch.append(item)
+            conn, written = self.write(conn, batch)
+            self._wake_limited(conn, batch)
+            for outcome in batch:
+                if outcome.id not in written and not self.control.aborting.is_set():
+                    logger.warning(
+                        "outcome of job %s %s not written: the job was rescued or changed meanwhile",
+                        outcome.name,
+                        outcome.id,
+                    )
+            self.ledger.written(len(batch))
+            self.control.wake.set()
+        close(conn)
+
+    def write(
+        self, conn: psycopg.Connection[Any] | None, batch: list[Outcome]
+    ) -> tuple[psycopg.Connection[Any] | None, set[uuid.UUID]]:
+        """Write a batch of outcomes, through outages; an outcome the database refuses is written as a failure."""
+        delay = 0.1
+        while True:
+            try:
+                if conn is None or conn.closed:
+                    conn = connect(self.options.using, "finisher")
+                try:
+                    with conn.cursor() as cursor:
+                        return conn, finish(cursor, batch, self.worker_id)
+                except (psycopg.OperationalError, psycopg.InterfaceError):
+                    raise
+                except psycopg.Error as error:
+                    if len(batch) > 1:  # find the one the database refuses; write the others as they are
+                        written: set[uuid.UUID] = set()
+                        for outcome in batch:
+                            conn, ids = self.write(conn, [outcome])
+                            written |= ids
+                        return conn, written
+                    with conn.cursor() as cursor:
+                        return conn, finish(cursor, [unstorable(batch[0], error)], self.worker_id)
+            except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+                if self.control.aborting.is_set():
+                    return conn, set()
+                logger.warning("cannot write %d outcome(s) (%s); retrying in %.1fs", len(batch), error, delay)
+                close(conn)
+                conn = None
+                self.control.aborting.wait(delay)
+                delay = min(delay * 2, RECONNECT_MAX)
+
+    def _wake_limited(self, conn: psycopg.Connection[Any] | None, batch: list[Outcome]) -> None:
+        """Rows with a concurrency limit finished: their slots are free, so wake idle workers (every host).
+
+        Not while this worker has a backlog: its own next claim comes at once, and a
+        NOTIFY per finished batch would have every idle worker of the fleet claim in vain.
+        """
+        if not self.limited.concurrency_limited([outcome.name for outcome in batch]):
+            return
+        self.quiet.stir()  # our own next claim may take the slots
+        if conn is None or conn.closed or not self.listener.enabled:
+            return
+        if self.ledger.backlog and not self.control.stopping.is_set():
+            return
+        try:
+            conn.execute(sql.WAKE)
+        except psycopg.Error as error:
+            logger.warning("could not wake workers after limited jobs finished (%s)", error)
+
+
+def unstorable(outcome: Outcome, error: psycopg.Error) -> Outcome:
+    """``outcome`` stripped to what can always be stored, saying why the rest was not."""
+    reason = storable(f"{type(error).__name__}: {error}")
+    text = f"the outcome of this attempt ({outcome.status}) could not be stored: {reason}"
+    entry = json.dumps(
+        {
+            "attempt": outcome.attempt,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "type": stored_type(UnstorableOutcome),
+            "message": text,
+            "traceback": "",
+        }
+    )
+    status = "failed" if outcome.status == "completed" else outcome.status
+    return Outcome(outcome.id, outcome.name, outcome.attempt, status, error=text, entry=entry, delay=outcome.delay)

@@ -1,0 +1,62 @@
+"""The heartbeat: the lease on this worker's jobs, on a thread and connection that wait on nothing else."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+import psycopg
+
+from .. import health, sql
+from .connection import close, connect
+from .control import Control
+from .ledger import Ledger
+from .options import Options
+
+logger = logging.getLogger("axa_django")
+
+
+class Heartbeat:
+    """Refreshes the lease every lease/3, touches the health file, and relays cancels flagged in rows."""
+
+    def __init__(self, options: Options, worker_id: uuid.UUID, control: Control, ledger: Ledger) -> None:
+        self.options, self.worker_id, self.control, self.ledger = options, worker_id, control, ledger
+
+    def touch_health_file(self) -> None:
+        """Touch the health file, if the worker has one (an error is logged: jobs still run)."""
+        try:
+            health.touch(self.options.health_file)
+        except OSError as error:
+            logger.warning("cannot touch the health file %s (%s); jobs still run", self.options.health_file, error)
+
+    def loop(self) -> None:
+        """Beat until the worker is done."""
+        conn: psycopg.Connection[Any] | None = None
+        interval = self.options.housekeeping_interval
+        timeout = f"{max(100, round(interval * 1000))}ms"
+        self.touch_health_file()  # the worker has just registered
+        while not self.control.done.wait(interval):
+            try:
+                if conn is None or conn.closed:
+                    conn = connect(self.options.using, "heartbeat")
+                with conn.transaction(), conn.cursor() as cursor:
+                    cursor.execute(sql.TIMEOUTS, {"statement": timeout, "lock": timeout})
+                    cursor.execute(sql.HEARTBEAT, {"worker": self.worker_id, "ids": self.ledger.ids()})
+                    alive, cancelled, _ = cursor.fetchone() or (1, [], None)
+                    if not alive:
+                        # Our row was taken for dead (we were cut off past the lease): rejoin.
+                        logger.warning("worker %s was presumed dead; registering again", self.worker_id)
+                        cursor.execute(sql.REGISTER, self.options.registration(self.worker_id))
+            except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+                if not isinstance(error, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
+                    close(conn)
+                    conn = None
+                logger.warning("heartbeat failed (%s); trying again in %.1fs", error, interval)
+                continue
+            except psycopg.Error as error:
+                logger.error("heartbeat failed (%s: %s); trying again in %.1fs", type(error).__name__, error, interval)
+                continue
+            self.touch_health_file()
+            self.ledger.cancel(cancelled)
+        close(conn)

@@ -1,0 +1,171 @@
+"""The jobs a worker holds: claimed, handed to threads, finished with outcomes not yet written."""
+
+from __future__ import annotations
+
+import queue as queue_module
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterable
+
+from ..execution import Claimed, Outcome
+
+
+class Ledger:
+    """Every job from its claim until its outcome is written, shared by the worker's threads.
+
+    The dispatcher holds claimed jobs and hands them out on ``work``; a job thread takes one,
+    and when it ends (or the watchdog gives it up) ``finished`` counts it and puts its
+    outcome on ``outcomes``; the finisher writes outcomes and calls ``written``.
+    """
+
+    def __init__(self) -> None:
+        self.work: queue_module.SimpleQueue[Claimed | None] = queue_module.SimpleQueue()
+        self.outcomes: queue_module.SimpleQueue[Outcome | None] = queue_module.SimpleQueue()
+        self.processed = 0  # attempts finished, retries included
+        self.counts: Counter[str] = Counter()  # attempts finished by status
+        # Whether the dispatcher's last claim filled its room: it then claims again as soon
+        # as a thread frees, so a slot its finished jobs free is taken without waking others.
+        self.backlog = False
+        self._lock = threading.Lock()
+        self._in_flight: dict[uuid.UUID, Claimed] = {}
+        self._unwritten = 0
+        self._starts: dict[uuid.UUID, float] = {}  # claimed-ahead jobs started, started_at not yet written
+        self._job_seconds: float | None = None  # moving average of a job's run time
+        self._stuck: set[int | None] = set()  # job threads given up at their timeout
+
+    # -- counts -------------------------------------------------------------------
+
+    def held(self) -> int:
+        """Jobs claimed and not yet finished (waiting for a thread or running)."""
+        return len(self._in_flight)
+
+    def waiting(self) -> int:
+        """Jobs claimed and not yet taken by a thread."""
+        return self.work.qsize()
+
+    def running(self) -> int:
+        """Jobs a thread has taken and not finished."""
+        return len(self._in_flight) - self.work.qsize()
+
+    def unwritten(self) -> int:
+        """Outcomes handed to the finisher and not yet written."""
+        return self._unwritten
+
+    def ids(self) -> list[uuid.UUID]:
+        """Ids of every job held."""
+        with self._lock:
+            return list(self._in_flight)
+
+    def watched(self) -> list[Claimed]:
+        """Jobs held that have a timeout."""
+        with self._lock:
+            return [job for job in self._in_flight.values() if job.watch is not None]
+
+    @property
+    def job_seconds(self) -> float | None:
+        """A moving average of how long jobs ran, None before the first."""
+        return self._job_seconds
+
+    def timed(self, seconds: float) -> None:
+        """Fold one job's run time into the average (a benign race: it only sizes the claim-ahead)."""
+        average = self._job_seconds
+        self._job_seconds = seconds if average is None else 0.8 * average + 0.2 * seconds
+
+    # -- the life of a job ----------------------------------------------------------
+
+    def hold(self, jobs: Iterable[Claimed]) -> None:
+        """Hold ``jobs``, just claimed (``hand_out`` gives them to the job threads)."""
+        with self._lock:
+            for job in jobs:
+                self._in_flight[job.id] = job
+
+    def hand_out(self, jobs: Iterable[Claimed]) -> None:
+        """Give held ``jobs`` to the job threads, in this order."""
+        for job in jobs:
+            self.work.put(job)
+
+    def started(self, job: Claimed) -> float:
+        """A thread starts ``job``; a job claimed ahead has its start kept until it is written."""
+        at = time.time()
+        if job.unmarked:
+            with self._lock:
+                self._starts[job.id] = at
+        return at
+
+    def finished(self, job: Claimed, outcome: Outcome, *, started: float | None = None) -> None:
+        """Hand ``job``'s outcome to the finisher; ``started``: when a claimed-ahead job began."""
+        with self._lock:
+            if job.unmarked:  # claimed ahead: the outcome writes when it started
+                kept = self._starts.pop(job.id, None)
+                outcome.started = started if started is not None else kept or time.time()
+            self._unwritten += 1
+        self.outcomes.put(outcome)
+
+    def release(self, job: Claimed, outcome: Outcome) -> None:
+        """``job`` no longer holds a thread: count its attempt."""
+        with self._lock:
+            self._in_flight.pop(job.id, None)
+            self.processed += 1
+            self.counts[outcome.status] += 1
+
+    def written(self, count: int) -> None:
+        """The finisher is done with ``count`` outcomes (written or refused)."""
+        with self._lock:
+            self._unwritten -= count
+
+    def stuck(self, thread_ident: int | None) -> int:
+        """A job thread was given up; return how many are stuck."""
+        with self._lock:
+            self._stuck.add(thread_ident)
+            return len(self._stuck)
+
+    def is_stuck(self, thread_ident: int | None) -> bool:
+        """Whether ``thread_ident`` was given up (it may never return)."""
+        return thread_ident in self._stuck
+
+    # -- claimed ahead ---------------------------------------------------------------
+
+    def has_starts(self) -> bool:
+        """Whether claimed-ahead jobs have started with their started_at not written."""
+        return bool(self._starts)
+
+    def starts_before(self, cutoff: float) -> dict[uuid.UUID, float]:
+        """Take the unwritten starts older than ``cutoff``, to write them."""
+        with self._lock:
+            due = {job_id: at for job_id, at in self._starts.items() if at <= cutoff}
+            for job_id in due:
+                del self._starts[job_id]
+        return due
+
+    def keep_starts(self, due: dict[uuid.UUID, float]) -> None:
+        """Writing ``due`` failed: keep them for the next try."""
+        with self._lock:
+            self._starts.update(due)
+
+    def take_waiting(self) -> list[uuid.UUID]:
+        """Take every job no thread has started off ``work``; they stay held until ``forget``."""
+        ids = []
+        while True:
+            try:
+                job = self.work.get_nowait()
+            except queue_module.Empty:
+                break
+            if job is not None:
+                ids.append(job.id)
+        return ids
+
+    def forget(self, ids: Iterable[uuid.UUID]) -> None:
+        """Hold ``ids`` no more (given back to the queue unstarted)."""
+        with self._lock:
+            for job_id in ids:
+                self._in_flight.pop(job_id, None)
+
+    def cancel(self, job_ids: Iterable[uuid.UUID]) -> None:
+        """Tell those of the jobs held that were cancelled (flagged in their rows, or notified)."""
+        with self._lock:
+            for job_id in job_ids:
+                job = self._in_flight.get(job_id)
+                if job is not None and job.context is not None:
+                    job.context.cancel()

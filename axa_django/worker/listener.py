@@ -1,0 +1,83 @@
+"""The listener: LISTEN for rows enqueued and jobs cancelled, on a connection of its own."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import uuid
+from typing import Any
+
+import psycopg
+
+from ..claimlanes import FULL_SCAN_UNNOTIFIED, Lanes
+from .connection import CANCEL_CHANNEL, CHANNEL, RECONNECT_MAX, close, connect
+from .control import Control
+from .ledger import Ledger
+from .options import Options
+from .quiet import Quiet
+
+logger = logging.getLogger("axa_django")
+
+
+class Listener:
+    """Wakes the dispatcher on each notification, lowers the lanes' floors, relays cancels to running jobs.
+
+    ``enabled`` starts as the NOTIFY setting says and turns False for good when
+    notifications cannot reach the worker (``poll_instead``): the worker then polls.
+    """
+
+    def __init__(
+        self, options: Options, worker_id: uuid.UUID, control: Control, ledger: Ledger, lanes: Lanes, quiet: Quiet
+    ) -> None:
+        self.options, self.control, self.ledger, self.lanes, self.quiet = options, control, ledger, lanes, quiet
+        self.enabled = options.notify
+        self.listening = threading.Event()  # set once LISTEN has run
+        self.probe = f"probe:{worker_id}"  # the payload the start-up probe sends to itself
+        self.probe_seen = threading.Event()
+
+    def poll_instead(self) -> None:
+        """Notifications do not reach this worker: poll, and walk the lanes in full more often."""
+        self.enabled = False
+        self.lanes.full_scan = FULL_SCAN_UNNOTIFIED
+
+    def loop(self) -> None:
+        """Listen until the worker stops (shutdown sends a notification to end the wait at once)."""
+        conn: psycopg.Connection[Any] | None = None
+        control = self.control
+        delay = 0.1
+        while not control.stopping.is_set() and self.enabled:
+            try:
+                if conn is None or conn.closed:
+                    conn = connect(self.options.using, "listener")
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    conn.execute(f"LISTEN {CANCEL_CHANNEL}")
+                    self.listening.set()
+                    control.wake.set()  # anything enqueued while we were deaf
+                    self.lanes.lower(None)  # and rows made ready behind the floors meanwhile
+                    delay = 0.1
+                for note in conn.notifies(timeout=0.5):
+                    if control.stopping.is_set():
+                        break
+                    if note.payload == self.probe:
+                        self.probe_seen.set()
+                        continue
+                    if note.channel == CANCEL_CHANNEL:
+                        with contextlib.suppress(ValueError):  # a payload not ours
+                            self.ledger.cancel([uuid.UUID(note.payload)])
+                    else:
+                        if note.payload:
+                            self.lanes.heard(note.payload)  # rows ready behind the claim's floors
+                        self.quiet.stir()  # rows enqueued, or slots freed on another worker
+                    control.wake.set()
+            except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+                logger.warning("listener lost the database (%s); reconnecting in %.1fs", error, delay)
+                close(conn)
+                conn = None
+                control.stopping.wait(delay)
+                delay = min(delay * 2, RECONNECT_MAX)
+        if conn is not None and not self.enabled:
+            # Given up for polling (a transaction pooler?): leave no LISTEN on a pooled backend.
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("UNLISTEN *")
+        close(conn)
