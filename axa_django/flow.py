@@ -3,7 +3,7 @@
 ``concurrency=N`` caps how many of a job's rows run at once across every worker,
 per ``concurrency_key`` (one shared cap for the job when it has no key).
 ``rate="10/s"`` caps how many start per second (``/m``, ``/h``), per ``rate_key``.
-Both are enforced by the database in the claim (sql.py, workerflow.py).
+Both are enforced by the database in the claim (sql.py, worker/limited.py).
 """
 
 from __future__ import annotations

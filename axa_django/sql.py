@@ -372,7 +372,7 @@ SELECT count(*), pg_notify('axa_queue', 'rescan') FROM gone
 
 # Run before a housekeeping statement, in its transaction: none may hold the
 # dispatcher (or the heartbeat) for long. Sequential and bitmap scans are back on for it:
-# worker sessions plan without them so that no claim is cached as one (workerdb.connect), but
+# worker sessions plan without them so that no claim is cached as one (worker/connection.py, connect), but
 # housekeeping reads small tables whole, and without them its plans went astray
 # (RESCUE took 1-2 s instead of a millisecond).
 TIMEOUTS = (

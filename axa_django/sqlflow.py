@@ -2,7 +2,7 @@
 
 ``{limited}`` is filled with the worker's limited job names, ``{queue_filter}`` and
 ``{paused}`` as in sql.py, by ``sql.compose``; ``{caps}``, the names' limits (or seconds
-between starts), numbers only, by workerflow.py before that.
+between starts), numbers only, by worker/limited.py before that.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from .sql import CLAIM_RETURNING, CLAIMED
 
 # Jobs with a concurrency limit are claimed apart, so that jobs without one keep the
 # CLAIM of sql.py unchanged. Four statements in one pipeline (one round trip;
-# workerflow.py), in two transactions:
+# worker/limited.py), in two transactions:
 # - FOLD brings axa_flow_key's per-pair counts of queued and running rows up to date:
 #   the triggers of migration 0006 write each change of a keyed row as a delta,
 #   insert-only, and every claim folds those not folded yet into the pairs, locked in
