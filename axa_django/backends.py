@@ -38,10 +38,11 @@ from django.utils.module_loading import import_string
 
 # Only light modules at import time: Django may build this backend while apps load
 # (``@task`` in a models module), before axa_django's models can be imported.
-from . import conf, tracing
+from . import conf
 from .arguments import MAX_DEPTH, check_json, task_arguments_of
 from .checks import other_vendor
 from .exceptions import JobCancelled, NotATask, WorkerInterrupted, WorkerLost, stored_type
+from .ops import tracing
 
 if TYPE_CHECKING:
     from .models import Job

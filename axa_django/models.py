@@ -224,7 +224,7 @@ class Job(models.Model):
     on_parent_failure = models.TextField(null=True, blank=True)
     workflow_id = models.UUIDField(null=True, blank=True)
     # The W3C trace context (traceparent, tracestate) the job was enqueued under; written
-    # and read only by axa_django.tracing.
+    # and read only by axa_django.ops.tracing.
     trace_context = RowJSONField(null=True, blank=True, editable=False)
 
     objects = JobQuerySet.as_manager()

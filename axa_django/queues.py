@@ -15,9 +15,10 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from . import conf, registry, sql, sqlqueues
+from . import conf, registry, sql
 from .models import QueueLimit, QueuePause
 from .selection import check_queue
+from .sql import queues as sqlqueues
 
 MAX_REASON = 1000
 

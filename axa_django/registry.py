@@ -12,10 +12,11 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from asgiref.sync import sync_to_async
 
-from . import conf, cronexpr, flow, rows, tracing
+from . import conf, cronexpr, flow, rows
 from .arguments import bind, check_kwargs, prepare
 from .execution import run_inline
 from .models import Job
+from .ops import tracing
 from .reach import UnreachableJobWarning, why_unreachable
 from .rows import BulkResult, Options
 

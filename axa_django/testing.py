@@ -24,8 +24,8 @@ from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
 from . import conf, registry, sql
-from .attempts import RAISE_INLINE, Attempt, JobFailed, Recorder
 from .execution import Claimed, Outcome, attempt_of, finish, log_receiver_errors, perform_here, send_finished
+from .execution.attempts import RAISE_INLINE, Attempt, JobFailed, Recorder
 from .models import Job
 from .reach import UnreachableJobWarning
 from .selection import task_backend_aliases
@@ -190,7 +190,7 @@ def _resolve(job: Claimed) -> tuple[Any, Any]:
     """
     if job.backend is not None:
         # Lazy: taskrunner imports django.tasks, which exists only on Django >= 6.
-        from .taskrunner import resolver
+        from .execution.taskrunner import resolver
 
         runner, _ = resolver(job)
         return None, runner

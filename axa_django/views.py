@@ -10,8 +10,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from . import conf, dashboard, fleetstats
-from . import metrics as prometheus
+from . import conf
+from .ops import dashboard, fleetstats
+from .ops import metrics as prometheus
 
 REFUSED = (
     "The queue's metrics are for staff users with view permission on jobs, a scraper sending "

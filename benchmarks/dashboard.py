@@ -91,7 +91,8 @@ def main() -> None:
     from django.core.management import call_command
     from django.db import connection
 
-    from axa_django import dashboard, fleetstats, health, unhandled
+    from axa_django import unhandled
+    from axa_django.ops import dashboard, fleetstats, health
 
     def sql(statement: str, params: object = None) -> None:
         with connection.cursor() as cursor:

@@ -79,7 +79,8 @@ def main() -> None:
     from django.test import Client
     from django.urls import reverse
 
-    from axa_django import dashboard, pruning, sql
+    from axa_django import pruning, sql
+    from axa_django.ops import dashboard
     from axa_django.worker import connect
     from benchmarks.benchapp import jobs
 

@@ -797,7 +797,7 @@ def _jobhealth(argv: list[str]) -> tuple[int, str]:
 
 
 def _metric_names() -> set[str]:
-    from axa_django import metrics
+    from axa_django.ops import metrics
 
     return set(re.findall(r'"(axa_[a-z_]+)"', Path(metrics.__file__).read_text()))
 
@@ -807,8 +807,8 @@ def test_operations_page(workers, tmp_path):
     from django.urls import reverse
 
     from axa_django import conf as axa_conf
-    from axa_django import fleetstats
-    from axa_django import metrics as prometheus
+    from axa_django.ops import fleetstats
+    from axa_django.ops import metrics as prometheus
     from benchmarks import dashboard as dashboard_benchmark
 
     with open_page(OPS) as page:

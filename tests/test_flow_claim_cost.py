@@ -18,7 +18,8 @@ import psycopg
 import pytest
 from django.db import connection
 
-from axa_django import queues, sql, sqlflow
+from axa_django import queues, sql
+from axa_django.sql import flow as sqlflow
 from axa_django.worker import Worker, connect
 from tests.conftest import AXA_APPS, wait_for
 from tests.testapp import flow_jobs

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from axa_django import Job, sqlflow
+from axa_django import Job
+from axa_django.sql import flow as sqlflow
 from tests.conftest import AXA_APPS, wait_for
 from tests.test_flow_concurrency import intervals, most_at_once
 from tests.testapp import flow_jobs

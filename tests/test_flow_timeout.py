@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from axa_django import Job
-from axa_django.timeouts import Watch
+from axa_django.execution.timeouts import Watch
 from axa_django.worker import Worker
 from tests.conftest import AXA_APPS, wait_for
 from tests.testapp import flow_jobs

@@ -7,7 +7,7 @@ from django.core import checks
 from django.core.management import call_command
 from django.db import connection
 
-from axa_django import budget
+from axa_django.ops import budget
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

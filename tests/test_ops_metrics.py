@@ -4,8 +4,8 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.db import connection
 
-from axa_django import fleetstats
-from axa_django import metrics as prometheus
+from axa_django.ops import fleetstats
+from axa_django.ops import metrics as prometheus
 from tests.testapp import ops_jobs
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.ops_urls")]

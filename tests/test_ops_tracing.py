@@ -8,7 +8,7 @@ import sys
 import pytest
 from django.db import connection
 
-from axa_django import tracing
+from axa_django.ops import tracing
 from tests.conftest import AXA_APPS, ROOT
 from tests.testapp import ops_jobs
 

@@ -589,7 +589,7 @@ def test_a_forged_row_naming_a_module_outside_installed_apps_is_refused_without_
 )
 def test_resolving_any_row_name_never_raises(name, message):
     from axa_django.execution import Claimed
-    from axa_django.taskrunner import TaskRunner
+    from axa_django.execution.taskrunner import TaskRunner
 
     runner = TaskRunner.for_row(Claimed(uuid.uuid4(), name, {}, 1, None, backend="default"))
     assert runner.task is None and message in runner.refusal

@@ -13,8 +13,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from axa_django import admin as job_admin
-from axa_django import dashboard
 from axa_django.models import Job
+from axa_django.ops import dashboard
 
 pytestmark = pytest.mark.django_db
 

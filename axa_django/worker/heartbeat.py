@@ -8,7 +8,8 @@ from typing import Any
 
 import psycopg
 
-from .. import health, sql
+from .. import sql
+from ..ops import health
 from .connection import close, connect
 from .control import Control
 from .ledger import Ledger

@@ -94,7 +94,7 @@ class JobThreads:
         """Run one attempt of ``job`` here; return its task runner (django.tasks rows), its function and outcome."""
         runner, resolve = None, None
         if job.backend is not None:  # a django.tasks row; taskrunner imports django.tasks (Django >= 6)
-            from ..taskrunner import resolver
+            from ..execution.taskrunner import resolver
 
             runner, resolve = resolver(job)
         function = registry.get(job.name) if runner is None else None

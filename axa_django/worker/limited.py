@@ -9,7 +9,8 @@ from typing import Any
 
 import psycopg
 
-from .. import registry, sql, sqlflow
+from .. import registry, sql
+from ..sql import flow as sqlflow
 from .connection import DispatcherConnection
 from .options import Options
 from .quiet import Quiet

@@ -22,7 +22,7 @@ from typing import Any
 from .. import registry
 from ..context import JobTimeout
 from ..execution import Claimed, failure
-from ..timeouts import Watch
+from ..execution.timeouts import Watch
 from .control import Control
 from .ledger import Ledger
 from .options import Options

@@ -11,8 +11,8 @@ import psycopg
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
-from axa_django import health
 from axa_django.management.argtypes import seconds, whole
+from axa_django.ops import health
 from axa_django.selection import check_queue
 
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .context import JobContext, JobTimeout, timeout_text
+from ..context import JobContext, JobTimeout, timeout_text
 
 
 def _raise_in(ident: int, exception: type[BaseException] | None) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.db import connections
 
-from . import conf
+from .. import conf
 
 # The worker's own connections: dispatcher, heartbeat, finisher, and the listener when it listens.
 OWN = ("dispatcher", "heartbeat", "finisher", "listener")

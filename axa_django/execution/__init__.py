@@ -19,12 +19,13 @@ import psycopg
 from asgiref.sync import async_to_sync
 from django.db import connections
 
-from . import conf, dependencies, sql, tracing
-from .arguments import ArgumentsMismatch, encode, prepare_call
+from .. import conf, dependencies, sql
+from ..arguments import ArgumentsMismatch, encode, prepare_call
+from ..context import JobCancelled, JobContext, JobTimeout, run_cancellable
+from ..exceptions import BadResult, BadRow, LeakedTransaction, NoHandler, stored_type
+from ..ops import tracing
+from ..signals import job_finished, job_started
 from .attempts import RAISE_INLINE, Attempt, JobFailed, Recorder
-from .context import JobCancelled, JobContext, JobTimeout, run_cancellable
-from .exceptions import BadResult, BadRow, LeakedTransaction, NoHandler, stored_type
-from .signals import job_finished, job_started
 from .timeouts import Watch, alarm, attempt_timeout, call
 
 logger = logging.getLogger("axa_django")

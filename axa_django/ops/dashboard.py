@@ -17,8 +17,9 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from . import conf, fleetstats
-from .models import Job
+from .. import conf
+from ..models import Job
+from . import fleetstats
 
 logger = logging.getLogger("axa_django")
 

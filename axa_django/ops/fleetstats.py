@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from . import conf
+from .. import conf
 
 # Ready (and scheduled) rows counted per queue: beyond this the figure reads "at least CAP".
 CAP = 100_000

@@ -15,9 +15,9 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllow
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from .admin_display import thousands
-from .admin_lists import refuse_nul
-from .models import Job, RetryResult
+from ..models import Job, RetryResult
+from .display import thousands
+from .lists import refuse_nul
 
 # Django 6 styles only <ol class="breadcrumbs">; 5.2 only <div class="breadcrumbs">.
 BREADCRUMBS_OL = django.VERSION >= (6, 0)

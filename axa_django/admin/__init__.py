@@ -18,9 +18,13 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.cache import never_cache
 
-from . import admin_queues, dashboard, fleetstats, unhandled
-from .admin_actions import JobActions, breadcrumbs, cancellable, job_id
-from .admin_display import (
+from .. import unhandled
+from ..models import FailedJob, Job, QueueDashboard, QueuePause
+from ..ops import dashboard, fleetstats
+from ..pagination import EstimatedCountPaginator
+from . import pauses
+from .actions import JobActions, breadcrumbs, cancellable, job_id
+from .display import (
     JobPermissions,
     error_line,
     format_duration,
@@ -32,7 +36,7 @@ from .admin_display import (
     thousands,
     yes_no,
 )
-from .admin_lists import (
+from .lists import (
     FailedJobChangeList,
     JobChangeList,
     NameFilter,
@@ -41,18 +45,16 @@ from .admin_lists import (
     refuse_nul,
     search_jobs,
 )
-from .admin_workflows import JobWorkflowFields, WorkflowAdmin
-from .models import FailedJob, Job, QueueDashboard, QueuePause
-from .pagination import EstimatedCountPaginator
+from .workflows import JobWorkflowFields, WorkflowAdmin
 
 __all__ = [
     "FailedJobAdmin",
     "JobAdmin",
     "QueueDashboardAdmin",
     "WorkflowAdmin",
-    "admin_queues",
     "error_line",
     "format_duration",
+    "pauses",
     "status_badge",
 ]
 

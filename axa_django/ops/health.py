@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import fleetstats, unhandled
+from .. import unhandled
+from . import fleetstats
 
 
 @dataclass

@@ -12,8 +12,8 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from .admin_display import JobPermissions, status_badge, thousands
-from .models import Dependency, Job, Workflow
+from ..models import Dependency, Job, Workflow
+from .display import JobPermissions, status_badge, thousands
 
 # Links shown per list of parents or children; a fan-in of 10,000 parents shows these and a count.
 SHOWN = 20

@@ -15,8 +15,8 @@ from django.db.models.functions import Left, Right
 from django.http import HttpRequest, HttpResponseBadRequest, QueryDict
 from django.urls import reverse
 
-from . import registry
-from .admin_display import thousands
+from .. import registry
+from .display import thousands
 
 # The first characters of an id as the list shows them (dashes optional): 8 or more
 # search the ids alone, fewer also search the text.

@@ -16,12 +16,12 @@ from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 
-from . import conf
-from .arguments import ArgumentsMismatch
-from .backends import NotATask, QueueBackend, import_task, plain_json, queue_backend_aliases, rebuild_task
-from .exceptions import JobCancelled, TaskRefused, stored_type
-from .execution import Claimed, Outcome
-from .registry import default_backoff
+from .. import conf
+from ..arguments import ArgumentsMismatch
+from ..backends import NotATask, QueueBackend, import_task, plain_json, queue_backend_aliases, rebuild_task
+from ..exceptions import JobCancelled, TaskRefused, stored_type
+from ..registry import default_backoff
+from . import Claimed, Outcome
 
 # The row's args object is {"args": [...], "kwargs": {...}}; perform() binds it to this.
 _CALL = inspect.Signature(

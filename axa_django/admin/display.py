@@ -11,7 +11,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
-from .models import Job
+from ..models import Job
 
 STATUS_ICONS = {
     Job.Status.WAITING: "\u2026",  # ellipsis: in every font, where U+29D6 (an hourglass) often shows as a box

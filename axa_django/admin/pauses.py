@@ -13,9 +13,9 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from . import queues
-from .models import QueuePause
-from .selection import check_queue
+from .. import queues
+from ..models import QueuePause
+from ..selection import check_queue
 
 PERMISSION = "axa_django.pause_queue"
 

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections, transaction
 
-from . import conf
+from .. import conf
 
 try:
     from opentelemetry import propagate, trace
