@@ -23,7 +23,8 @@ from django.conf import settings
 from django.db import connections, transaction
 from django.utils import timezone as django_timezone
 
-from . import conf, cronexpr, registry, rows
+from . import conf, registry
+from .enqueue import cronexpr, rows
 from .models import Job
 
 # Occurrences at most this old when a worker looks are all enqueued; older ones are

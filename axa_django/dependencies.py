@@ -26,7 +26,7 @@ PARENT_FAILED = "ParentFailed"
 # that would wait on it) when a parent did not complete and it does not ask to run
 # anyway. One statement however deep the cancellation goes. Queued children wake the
 # workers with their oldest run_at ("ready:<epoch>"): behind the claims' floors
-# (claimlanes.py), they would otherwise wait for a full walk. run_at stays as enqueued
+# (worker/lanes.py), they would otherwise wait for a full walk. run_at stays as enqueued
 # (a delay still applies; a child waits behind nothing that was queued after it). The children are locked
 # in id order, so two finishers settling overlapping children cannot deadlock.
 SETTLE = f"""

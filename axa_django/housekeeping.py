@@ -1,6 +1,6 @@
 """What a worker does besides running jobs: enqueue periodic jobs and prune old ones.
 
-``run(worker)`` is called from the worker's maintenance thread (maintenance.py; a burst
+``run(worker)`` is called from the worker's maintenance thread (worker/maintenance.py; a burst
 worker's dispatcher calls it itself); it uses the calling thread's Django connection,
 and only when there is something to do, so a worker with no periodic jobs and no
 RETENTION opens no extra connection. Each step runs in its own transaction under

@@ -12,13 +12,14 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from asgiref.sync import sync_to_async
 
-from . import conf, cronexpr, flow, rows
+from . import conf
 from .arguments import bind, check_kwargs, prepare
+from .enqueue import cronexpr, flow, rows
+from .enqueue.reach import UnreachableJobWarning, why_unreachable
+from .enqueue.rows import BulkResult, Options
 from .execution import run_inline
 from .models import Job
 from .ops import tracing
-from .reach import UnreachableJobWarning, why_unreachable
-from .rows import BulkResult, Options
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -24,10 +24,10 @@ from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
 from . import conf, registry, sql
+from .enqueue.reach import UnreachableJobWarning
 from .execution import Claimed, Outcome, attempt_of, finish, log_receiver_errors, perform_here, send_finished
 from .execution.attempts import RAISE_INLINE, Attempt, JobFailed, Recorder
 from .models import Job
-from .reach import UnreachableJobWarning
 from .selection import task_backend_aliases
 from .signals import job_started
 

@@ -9,8 +9,9 @@ from typing import Any, TypeVar
 
 from django.db import connections, transaction
 
-from . import conf, dependencies, rows
+from . import conf, dependencies
 from .arguments import bind
+from .enqueue import rows
 from .execution import run_inline
 from .models import Job, Workflow
 from .registry import JobFunction, background_job, registry

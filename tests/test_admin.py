@@ -20,9 +20,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from axa_django.admin import error_line, format_duration
+from axa_django.admin.pagination import EstimatedCountPaginator
 from axa_django.models import FinishedHour, Job, Worker
 from axa_django.ops import dashboard, fleetstats
-from axa_django.pagination import EstimatedCountPaginator
 from axa_django.worker import connect
 from tests.conftest import database_url, wait_for
 from tests.testapp.admin_jobs import refresh_account

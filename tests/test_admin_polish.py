@@ -17,8 +17,8 @@ from django.utils import timezone
 
 from axa_django import unhandled
 from axa_django.admin.display import short_error, thousands
+from axa_django.admin.pagination import EstimatedCountPaginator
 from axa_django.models import Job, Worker
-from axa_django.pagination import EstimatedCountPaginator
 from tests.test_admin import (
     DASHBOARD,
     FAILED,

@@ -16,7 +16,8 @@ from collections.abc import Iterator
 import pytest
 from django.apps import apps
 
-from axa_django import UnreachableJobWarning, background_job, reach
+from axa_django import UnreachableJobWarning, background_job
+from axa_django.enqueue import reach
 from axa_django.registry import registry
 from axa_django.testing import assert_enqueued, run_jobs
 from tests.conftest import AXA_APPS, Workers, wait_for

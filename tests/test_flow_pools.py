@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from axa_django.models import Job, Worker
-from axa_django.pools import split
+from axa_django.worker.pools import split
 from tests.conftest import AXA_APPS, wait_for
 from tests.testapp import flow_jobs
 

@@ -15,8 +15,8 @@ from django.db import connection
 from django.utils import timezone
 
 from axa_django import Job, dependencies, sql
-from axa_django.claimlanes import MAX_LANES, Lanes
 from axa_django.worker import connect
+from axa_django.worker.lanes import MAX_LANES, Lanes
 from tests.conftest import AXA_APPS, wait_for
 from tests.testapp import jobs
 

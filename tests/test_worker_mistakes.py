@@ -15,10 +15,10 @@ import psycopg
 import pytest
 from django.db import connection
 
-from axa_django import logs, sql, unhandled
+from axa_django import sql, unhandled
 from axa_django.selection import UnknownJobs
 from axa_django.unhandled import Unhandled
-from axa_django.worker import Worker
+from axa_django.worker import Worker, logs
 from tests.conftest import AXA_APPS, Workers, database_url, explain_reads, wait_for
 from tests.testapp import jobs, workermistakes_jobs
 

@@ -21,7 +21,6 @@ from django.views.decorators.cache import never_cache
 from .. import unhandled
 from ..models import FailedJob, Job, QueueDashboard, QueuePause
 from ..ops import dashboard, fleetstats
-from ..pagination import EstimatedCountPaginator
 from . import pauses
 from .actions import JobActions, breadcrumbs, cancellable, job_id
 from .display import (
@@ -45,6 +44,7 @@ from .lists import (
     refuse_nul,
     search_jobs,
 )
+from .pagination import EstimatedCountPaginator
 from .workflows import JobWorkflowFields, WorkflowAdmin
 
 __all__ = [

@@ -6,7 +6,7 @@ indexes are rebuilt with "queued" said as a range (``status >= 'queued' AND stat
 'queued'``), the form the claims use: the seed's ``axa_queue_ready`` (``status =
 'queued'``) then serves the seed's CLAIM only, and a claim keeps its plan whatever the
 statistics say. Rows that become queued with a ``run_at`` already past (written so by
-hand, or put back) announce it, since claims walk from floors (claimlanes.py).
+hand, or put back) announce it, since claims walk from floors (worker/lanes.py).
 """
 
 import django.db.models.functions.datetime
@@ -32,7 +32,7 @@ CLAIM_INDEXES = [
 
 
 # A row queued with a run_at before its statement's time may lie behind the workers'
-# claim floors: say so (claimlanes.Lanes.heard). Rows enqueued by perform_later or the
+# claim floors: say so (worker/lanes.py, Lanes.heard). Rows enqueued by perform_later or the
 # seed's ENQUEUE have run_at at or after that time and send nothing more.
 BEHIND = """
 CREATE FUNCTION axa_queue_behind() RETURNS trigger LANGUAGE plpgsql AS $$

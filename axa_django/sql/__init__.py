@@ -51,7 +51,7 @@ WHERE q.id = ANY(ARRAY(
     ORDER BY c.priority DESC, c.run_at
     LIMIT %(limit)s
 )){CLAIM_RETURNING}"""
-# Both claims of background jobs report their snapshot (claimlanes.py): its oldest
+# Both claims of background jobs report their snapshot (worker/lanes.py): its oldest
 # running transaction id, its next one and its time, on a row of their own (id NULL)
 # after the claimed rows, so that an empty claim reports it too.
 _SNAPPED = """
@@ -87,7 +87,7 @@ _BACKEND_WALK = """
         FOR UPDATE SKIP LOCKED
     ) AS t"""
 
-# The same claim walking each lane (a name and a priority) from a floor (claimlanes.py):
+# The same claim walking each lane (a name and a priority) from a floor (worker/lanes.py):
 # rows whose claims left dead index entries behind the floor are never walked, however
 # old the oldest snapshot is. Priorities between the known lanes (and above and below
 # them) are walked from their start, so a lane not seen yet is found at once.
@@ -201,7 +201,7 @@ def compose(
 # Statements that find rows by id say "running" as status || '' = 'running' and compare
 # worker_id with IS NOT DISTINCT FROM: no index can take either, so the rows are found
 # by primary key alone. Through axa_queue_running or axa_queue_status, a plan would read
-# the entry of every row that was ever running, which a held snapshot keeps (claimlanes.py).
+# the entry of every row that was ever running, which a held snapshot keeps (worker/lanes.py).
 
 # Record outcomes; a row is only written while still running under this worker. The
 # batch comes as one JSON array (execution.finish), a single parameter to send: the
@@ -345,7 +345,7 @@ RETURNING set_config('synchronous_commit', 'off', true)
 
 # Give back rows claimed ahead that no thread started (a stopping worker): queued as
 # before the claim, the attempt it counted taken back. Their run_at lies behind other
-# workers' floors (claimlanes.py): the notification makes them walk from the start.
+# workers' floors (worker/lanes.py): the notification makes them walk from the start.
 UNCLAIM = """
 WITH given AS (
     UPDATE axa_queue
@@ -360,7 +360,7 @@ SELECT count(*), pg_notify('axa_queue', 'rescan') FROM given HAVING count(*) > 0
 UNREGISTER = "DELETE FROM axa_worker WHERE id = %(worker)s"
 
 WAKE = "SELECT pg_notify('axa_queue', '')"
-# Rows became ready with a run_at that may lie behind the claims' floors (claimlanes.py):
+# Rows became ready with a run_at that may lie behind the claims' floors (worker/lanes.py):
 # every worker's next claim walks from the start.
 RESCAN = "SELECT pg_notify('axa_queue', 'rescan')"
 

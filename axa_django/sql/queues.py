@@ -80,7 +80,7 @@ LIMITED_QUEUES = "SELECT queue FROM axa_queue_limit"
 
 # Set, change or remove a queue's limit; idle workers wake at once (delivered at commit).
 # A lifted limit hands the queue's rows back to the plain claim, which may have walked
-# past them (claimlanes.py): it walks from the start.
+# past them (worker/lanes.py): it walks from the start.
 SET_LIMIT = """
 WITH old AS (SELECT max_running FROM axa_queue_limit WHERE queue = %(queue)s),
 new AS (

@@ -26,11 +26,8 @@ from collections.abc import Iterable
 from django.db import connections
 
 from .. import registry, sql, unhandled
-from ..claimlanes import Lanes
 from ..exceptions import CannotConnect, NotMigrated, PoolerMisconfigured, UnknownJobs
 from ..execution import Claimed, NoHandler, Outcome, perform
-from ..logs import plural, summary
-from ..maintenance import Maintenance
 from ..selection import task_backend_aliases
 from .claimer import Claimer
 from .connection import DispatcherConnection, connect, keepalives
@@ -39,9 +36,12 @@ from .dispatcher import Dispatcher
 from .finisher import Finisher, unstorable
 from .heartbeat import Heartbeat
 from .jobs import JobThreads
+from .lanes import Lanes
 from .ledger import Ledger
 from .limited import LimitedClaims
 from .listener import Listener
+from .logs import plural, summary
+from .maintenance import Maintenance
 from .options import Options
 from .quiet import Quiet
 from .signalling import Signals

@@ -8,14 +8,14 @@ from typing import Any
 import psycopg
 
 from .. import registry, sql
-from ..claimlanes import Lanes
 from ..context import JobContext
 from ..execution import Claimed
-from ..queuelimits import QueueClaim
 from .connection import DispatcherConnection
+from .lanes import Lanes
 from .ledger import Ledger
 from .limited import LimitedClaims
 from .options import Options
+from .queuelimits import QueueClaim
 from .quiet import Quiet
 from .watchdog import Watchdog
 
@@ -79,7 +79,7 @@ class Claimer:
         return jobs
 
     def _claim_plain(self, names: list[str], limit: int, ahead: bool) -> list[tuple[Any, ...]] | None:
-        """Claim up to ``limit`` rows of jobs without limits, each lane walked from its floor (claimlanes.py)."""
+        """Claim up to ``limit`` rows of jobs without limits, each lane walked from its floor (worker/lanes.py)."""
         params: dict[str, Any] = {"worker": self.worker_id, "limit": limit, "ahead": ahead}
         lanes = self.lanes
         bounded = lanes.bounded()
@@ -104,7 +104,7 @@ class Claimer:
         return claimed
 
     def _claim_queues(self, names: list[str], limit: int) -> list[tuple[Any, ...]]:
-        """Claim up to ``limit`` rows of queues with a fleet-wide limit (queuelimits.py), for free threads."""
+        """Claim up to ``limit`` rows of queues with a fleet-wide limit (worker/queuelimits.py), for free threads."""
         conn = self.db.current()
         if conn is None:
             return []

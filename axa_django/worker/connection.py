@@ -10,8 +10,9 @@ from typing import Any
 import psycopg
 from django.db import connections
 
-from .. import conf, dberrors, sql
+from .. import conf, sql
 from ..exceptions import CannotConnect
+from . import dberrors
 from .control import Control
 from .ledger import Ledger
 from .options import Options

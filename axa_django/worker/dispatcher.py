@@ -189,7 +189,7 @@ class Dispatcher:
             self._next_unhandled = time.monotonic() + unhandled.CHECK_SECONDS
             rows = self.db.bounded(sql.UNHANDLED, unhandled.params(options.lease))
             unhandled.warn(unhandled.rows_to_unhandled(rows or []))
-        # Periodic jobs and retention have a thread of their own (maintenance.py); a burst
+        # Periodic jobs and retention have a thread of their own (worker/maintenance.py); a burst
         # worker, which may stop after one claim, does one round here.
         soonest = housekeeping.run(options) if options.burst else None
         if soonest is not None:

@@ -21,10 +21,10 @@ from ..execution import (
     release_connections,
     send_finished,
 )
-from ..logs import attempt_line
 from ..signals import job_started
 from .control import Control
 from .ledger import Ledger
+from .logs import attempt_line
 from .options import Options
 
 logger = logging.getLogger("axa_django")

@@ -10,9 +10,9 @@ from typing import Any
 
 import psycopg
 
-from ..claimlanes import FULL_SCAN_UNNOTIFIED, Lanes
 from .connection import CANCEL_CHANNEL, CHANNEL, RECONNECT_MAX, close, connect
 from .control import Control
+from .lanes import FULL_SCAN_UNNOTIFIED, Lanes
 from .ledger import Ledger
 from .options import Options
 from .quiet import Quiet

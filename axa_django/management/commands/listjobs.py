@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from axa_django.listing import describe_jobs, format_table
+from axa_django.management.listing import describe_jobs, format_table
 
 
 class Command(BaseCommand):

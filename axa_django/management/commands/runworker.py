@@ -12,13 +12,13 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, connections
 
 from axa_django import conf
-from axa_django.logs import configure_for_command
 from axa_django.management.argtypes import seconds, whole
 from axa_django.ops.budget import start_line
 from axa_django.ops.health import check_health_file
-from axa_django.pools import Pools, split
 from axa_django.selection import UnknownQueues, check_known_queues, check_queue
 from axa_django.worker import CannotConnect, NotMigrated, PoolerMisconfigured, UnknownJobs, Worker, task_backend_aliases
+from axa_django.worker.logs import configure_for_command
+from axa_django.worker.pools import Pools, split
 
 
 def _positive_int(text: str) -> int:

@@ -16,7 +16,7 @@ import sys
 from django.apps import AppConfig, apps
 from django.conf import settings
 
-from .exceptions import UnreachableJobWarning
+from ..exceptions import UnreachableJobWarning
 
 __all__ = ["UnreachableJobWarning", "why_unreachable"]
 

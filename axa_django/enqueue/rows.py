@@ -18,11 +18,11 @@ from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
-from . import conf, dependencies
-from .arguments import arguments_of, encode, task_arguments_of
-from .exceptions import DuplicateJob
-from .models import Job
-from .signals import job_enqueued
+from .. import conf, dependencies
+from ..arguments import arguments_of, encode, task_arguments_of
+from ..exceptions import DuplicateJob
+from ..models import Job
+from ..signals import job_enqueued
 
 # The job_enqueued signal's sender: the JobFunction enqueueing, or None for enqueue by name.
 # Typed loosely so this module need not import registry, which sits above it.
@@ -375,7 +375,7 @@ def write_many(items: Iterable[tuple[str, dict[str, Any], Options]], sender: Sen
 # not finished, cancelled if one did not complete (unless it runs anyway), else queued.
 # Every parent must exist, or nothing is inserted. One statement per set of parents.
 # Queued parents were locked here, so claims passed over them and may have walked past
-# them (claimlanes.py): they are announced as ready again, delivered at commit.
+# them (worker/lanes.py): they are announced as ready again, delivered at commit.
 _CHILDREN = f"""
 WITH locked AS (
     SELECT id FROM axa_queue WHERE id = ANY(%s::uuid[]) ORDER BY id FOR UPDATE

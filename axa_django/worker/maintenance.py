@@ -13,7 +13,7 @@ import threading
 
 from django.db import connections
 
-from . import housekeeping
+from .. import housekeeping
 
 
 class Maintenance:

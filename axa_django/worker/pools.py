@@ -14,7 +14,7 @@ import signal
 import threading
 from typing import Any
 
-from .worker import Worker
+from . import Worker
 
 logger = logging.getLogger("axa_django")
 

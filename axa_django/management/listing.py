@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from . import conf, cron, registry
+from .. import conf, cron, registry
 
 
 def describe_jobs(now: datetime.datetime | None = None) -> list[dict[str, Any]]:

@@ -15,8 +15,8 @@ from typing import Any
 
 import psycopg
 
-from . import sql
-from .sql import queues as sqlqueues
+from .. import sql
+from ..sql import queues as sqlqueues
 
 REFRESH = 1.0
 

@@ -1,0 +1,1 @@
+"""Writing rows: the options a job is enqueued with, checks at the boundary, the INSERTs."""
