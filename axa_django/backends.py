@@ -110,7 +110,7 @@ class QueueBackend(BaseTaskBackend):
 
         When tracing, the row carries the enqueuing trace context, as for ``perform_later``.
         """
-        from .enqueue import rows
+        from .enqueuing import rows
 
         self.validate_task(task)
         stored = _arguments(task, args, kwargs)

@@ -24,7 +24,7 @@ from django.db import connections, transaction
 from django.utils import timezone as django_timezone
 
 from . import conf, registry
-from .enqueue import cronexpr, rows
+from .enqueuing import cronexpr, rows
 from .models import Job
 
 # Occurrences at most this old when a worker looks are all enqueued; older ones are

@@ -14,10 +14,10 @@ from asgiref.sync import sync_to_async
 
 from . import conf
 from .arguments import bind, check_kwargs, prepare
-from .enqueue import cronexpr, flow, rows
-from .enqueue.reach import UnreachableJobWarning, why_unreachable
-from .enqueue.rows import BulkResult, Options
-from .execution import run_inline
+from .enqueuing import cronexpr, flow, rows
+from .enqueuing.reach import UnreachableJobWarning, why_unreachable
+from .enqueuing.rows import BulkResult, Options
+from .execution.inline import run_inline
 from .models import Job
 from .ops import tracing
 

