@@ -15,8 +15,9 @@ from asgiref.sync import sync_to_async
 from . import conf
 from .arguments import bind, check_kwargs, prepare
 from .enqueuing import cronexpr, flow, rows
+from .enqueuing.options import MAX_DELAY, Options, check_name
 from .enqueuing.reach import UnreachableJobWarning, why_unreachable
-from .enqueuing.rows import BulkResult, Options
+from .enqueuing.rows import BulkResult
 from .execution.inline import run_inline
 from .models import Job
 from .ops import tracing
@@ -49,10 +50,10 @@ def check_backoff(backoff: Any, job: str) -> Callable[[int], float] | float | No
         return backoff
     if not isinstance(backoff, int | float) or isinstance(backoff, bool):
         raise TypeError(f"job {job!r}: backoff must be a number of seconds or a callable, not {type(backoff).__name__}")
-    if not 0 <= backoff <= rows.MAX_DELAY.total_seconds():
+    if not 0 <= backoff <= MAX_DELAY.total_seconds():
         raise ValueError(
             f"job {job!r}: backoff is {backoff!r}; it must be a number of seconds from 0 to "
-            f"{rows.MAX_DELAY.total_seconds():.0f} (0 retries at once)"
+            f"{MAX_DELAY.total_seconds():.0f} (0 retries at once)"
         )
     return backoff
 
@@ -81,7 +82,7 @@ class JobFunction(Generic[P, R]):
         rate_key: Callable[..., str] | None = None,
     ) -> None:
         self.func = func
-        self.name = rows.check_name(name)
+        self.name = check_name(name)
         self.max_attempts = max_attempts
         self.backoff = check_backoff(backoff, name)
         self.unique = unique
@@ -282,7 +283,7 @@ def get(name: str) -> JobFunction[Any, Any] | None:
 
 def enqueue(name: str, /, **kwargs: Any) -> Job:
     """Enqueue a job by name, for a job this process may not define."""
-    job = registry.get(rows.check_name(name))
+    job = registry.get(check_name(name))
     if job is not None:
         return job.perform_later(**kwargs)
     return tracing.enqueued(name, rows.write, name, check_kwargs(name, kwargs), Options(), None)
@@ -290,7 +291,7 @@ def enqueue(name: str, /, **kwargs: Any) -> Job:
 
 def enqueue_many(name: str, calls: Iterable[Mapping[str, Any]], /) -> BulkResult:
     """Enqueue many calls of a job by name in one statement."""
-    job = registry.get(rows.check_name(name))
+    job = registry.get(check_name(name))
     if job is not None:
         return job.perform_later_many(calls)
     items = []

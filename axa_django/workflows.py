@@ -12,6 +12,7 @@ from django.db import connections, transaction
 from . import conf, dependencies
 from .arguments import bind
 from .enqueuing import rows
+from .enqueuing.options import Options, check_text
 from .execution.inline import run_inline
 from .models import Job, Workflow
 from .registry import JobFunction, background_job, registry
@@ -28,10 +29,10 @@ class _Group:
     def __init__(self, name: str = "") -> None:
         if not isinstance(name, str):
             raise TypeError(f"a {self.kind} name must be a str, not {type(name).__name__}")
-        self.name = rows.check_text(name, f"{self.kind} name")
+        self.name = check_text(name, f"{self.kind} name")
         self.id = uuid.uuid4()
         self.jobs: list[Job] = []
-        self._items: list[tuple[str, dict[str, Any], rows.Options, uuid.UUID]] = []
+        self._items: list[tuple[str, dict[str, Any], Options, uuid.UUID]] = []
         self._senders: list[JobFunction[Any, Any] | None] = []
         self._open = False
         self._written = False
@@ -56,7 +57,7 @@ class _Group:
         self.jobs.append(job)
         return job
 
-    def _extra(self) -> list[tuple[str, dict[str, Any], rows.Options, uuid.UUID]]:
+    def _extra(self) -> list[tuple[str, dict[str, Any], Options, uuid.UUID]]:
         return []
 
     def __exit__(
@@ -130,7 +131,7 @@ class batch(_Group):
         """Add a call of ``function`` to the batch."""
         return self._add(function, args, kwargs)
 
-    def _extra(self) -> list[tuple[str, dict[str, Any], rows.Options, uuid.UUID]]:
+    def _extra(self) -> list[tuple[str, dict[str, Any], Options, uuid.UUID]]:
         after = tuple(job.pk for job in self.jobs)
         extra = []
         for which, callback in (("complete", self.on_complete), ("failure", self.on_failure)):

@@ -19,6 +19,7 @@ ORDER = [
     "enqueuing",
     "conf",
     "enqueuing.reach",
+    "arguments.annotations",
     "arguments",
     "sql.claims",
     "sql",
@@ -43,8 +44,12 @@ ORDER = [
     "ops.health",
     "ops.tracing",
     # The tables.
+    "models.jobs",
+    "models.workflows",
+    "models.queue",
     "models",
     # Writing rows (enqueue), then running them.
+    "enqueuing.options",
     "enqueuing.rows",
     "enqueuing.flow",
     "execution",

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .rows import check_text
+from .options import check_text
 
 # The key of a job's rows when it has no key function: one cap shared by all of them.
 SHARED = ""

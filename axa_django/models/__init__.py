@@ -1,0 +1,24 @@
+"""The app's tables: ``jobs`` (axa_queue), ``workflows`` (groups, edges), ``queue`` (workers, pauses...)."""
+
+from .jobs import QUEUED, FailedJob, Job, JobQuerySet, QueueDashboard, RetryResult, RowJSONField, Undecodable
+from .queue import FinishedHour, QueueLimit, QueuePause, RateBucket, Schedule, Worker
+from .workflows import Dependency, Workflow
+
+__all__ = [
+    "QUEUED",
+    "Dependency",
+    "FailedJob",
+    "FinishedHour",
+    "Job",
+    "JobQuerySet",
+    "QueueDashboard",
+    "QueueLimit",
+    "QueuePause",
+    "RateBucket",
+    "RetryResult",
+    "RowJSONField",
+    "Schedule",
+    "Undecodable",
+    "Worker",
+    "Workflow",
+]

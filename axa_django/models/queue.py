@@ -1,0 +1,116 @@
+"""The queue's other tables: workers, schedules, paused and limited queues, rate buckets, kept hours."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models.functions import Now
+
+
+class Worker(models.Model):
+    """A live worker process; its heartbeat is the lease on the jobs it runs."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    hostname = models.TextField()
+    pid = models.IntegerField()
+    concurrency = models.IntegerField()
+    queues = models.JSONField(default=list)
+    # The job names and django.tasks backend aliases this worker claims.
+    names = models.JSONField(db_default=models.Value([], models.JSONField()))
+    backends = models.JSONField(db_default=models.Value([], models.JSONField()))
+    started_at = models.DateTimeField(db_default=Now())
+    heartbeat_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "axa_worker"
+        ordering = ["started_at"]
+
+    def __str__(self) -> str:
+        return f"{self.hostname}:{self.pid}"
+
+
+class Schedule(models.Model):
+    """The last enqueued occurrence of a periodic job; workers advance it with compare-and-set."""
+
+    name = models.TextField(primary_key=True)
+    last_run = models.DateTimeField()
+
+    class Meta:
+        db_table = "axa_schedule"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} (last run {self.last_run:%Y-%m-%d %H:%M:%S%z})"
+
+
+class QueuePause(models.Model):
+    """A paused queue: while its row exists, no worker of this app claims the queue's jobs."""
+
+    queue = models.TextField(primary_key=True)
+    reason = models.TextField(blank=True, db_default="")
+    paused_by = models.TextField(blank=True, db_default="")
+    paused_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "axa_paused_queue"
+        ordering = ["queue"]
+        verbose_name = "paused queue"
+        verbose_name_plural = "paused queues"
+        default_permissions = ("view",)
+        permissions = [("pause_queue", "Can pause and resume queues")]
+
+    def __str__(self) -> str:
+        return f"{self.queue} (paused)"
+
+
+class QueueLimit(models.Model):
+    """A queue's fleet-wide limit: at most ``max_running`` of its jobs run at once, across all workers."""
+
+    queue = models.TextField(primary_key=True)
+    max_running = models.IntegerField()
+    set_by = models.TextField(blank=True, db_default="")
+    set_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "axa_queue_limit"
+        ordering = ["queue"]
+        verbose_name = "queue limit"
+        verbose_name_plural = "queue limits"
+        default_permissions = ("view",)
+        constraints = [models.CheckConstraint(condition=models.Q(max_running__gt=0), name="axa_queue_limit_positive")]
+
+    def __str__(self) -> str:
+        return f"{self.queue} (at most {self.max_running} running)"
+
+
+class RateBucket(models.Model):
+    """A rate-limited job's (name, key): the time its next start is due (a GCRA's theoretical arrival time)."""
+
+    pk = models.CompositePrimaryKey("name", "key")
+    name = models.TextField()
+    key = models.TextField()
+    tat = models.DateTimeField()
+
+    class Meta:
+        db_table = "axa_rate_bucket"
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return f"{self.name} [{self.key}] next start at {self.tat:%Y-%m-%d %H:%M:%S.%f%z}"
+
+
+class FinishedHour(models.Model):
+    """Jobs that finished in one past hour (UTC), counted once after it ended: the dashboard chart's past."""
+
+    hour = models.DateTimeField(primary_key=True)
+    completed = models.BigIntegerField()
+    failed = models.BigIntegerField()
+
+    class Meta:
+        db_table = "axa_finished_hour"
+        ordering = ["hour"]
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H:00%z}: {self.completed} completed, {self.failed} failed"
