@@ -172,8 +172,11 @@ def test_the_unhandled_query_walks_the_claim_indexes_not_the_table():
     insert("NoSuchJob", 5)
     live_worker([f"handled{i}" for i in range(7)])
     scans, pages, table_pages = explain_reads(sql.UNHANDLED, unhandled.params())
-    assert ("Seq Scan", "axa_queue") not in scans and ("Bitmap Heap Scan", "axa_queue") not in scans, scans
-    assert pages < table_pages / 5, (pages, table_pages)
+    # No scan of the table; a bitmap over the ready rows of one name is a plan PostgreSQL 15
+    # picks on some samples of the statistics (housekeeping plans with bitmap scans on), and
+    # reads only those rows: the pages read say whether the table was walked.
+    assert ("Seq Scan", "axa_queue") not in scans, scans
+    assert pages < table_pages / 5, (pages, table_pages, scans)
     assert unhandled.find() == [Unhandled("NoSuchJob", None, "default", 5)]
 
 
