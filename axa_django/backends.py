@@ -41,6 +41,7 @@ from django.utils.module_loading import import_string
 from . import conf
 from .arguments import MAX_DEPTH, check_json, task_arguments_of
 from .checks import other_vendor
+from .enqueuing.options import MAX_NAME_LENGTH, Options
 from .exceptions import JobCancelled, NotATask, WorkerInterrupted, WorkerLost, stored_type
 from .ops import tracing
 
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
 
 __all__ = ["NotATask", "QueueBackend", "WorkerInterrupted", "WorkerLost", "queue_backend_aliases"]
 
-MAX_NAME_LENGTH = 200  # rows.MAX_NAME_LENGTH; rows imports models, too early here
 
 _OPTIONS = ("MAX_ATTEMPTS", "BACKOFF")
 
@@ -114,7 +114,7 @@ class QueueBackend(BaseTaskBackend):
 
         self.validate_task(task)
         stored = _arguments(task, args, kwargs)
-        options = rows.Options(
+        options = Options(
             queue=task.queue_name,
             priority=task.priority,
             run_at=task.run_after,

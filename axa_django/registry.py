@@ -15,7 +15,7 @@ from asgiref.sync import sync_to_async
 from . import conf
 from .arguments import bind, check_kwargs, prepare
 from .enqueuing import cronexpr, flow, rows
-from .enqueuing.options import MAX_DELAY, Options, check_name
+from .enqueuing.options import MAX_DELAY, Options, check_name, check_text
 from .enqueuing.reach import UnreachableJobWarning, why_unreachable
 from .enqueuing.rows import BulkResult
 from .execution.inline import run_inline
@@ -161,7 +161,7 @@ class JobFunction(Generic[P, R]):
         if self.unique is not None and options.unique_key is None:
             key = self.unique(**arguments)
             if key is not None:
-                options = replace(options, unique_key=rows.check_text(str(key), "unique key"))
+                options = replace(options, unique_key=check_text(str(key), "unique key"))
         if self.concurrency is not None and options.concurrency_key is None:
             key = flow.SHARED
             if self.concurrency_key is not None:
