@@ -126,6 +126,10 @@ class Interval:
     dead_tuples: int | None = None
     live_tuples: int | None = None
     index_bytes: int | None = None
+    # The ready set's indexes: those of the jobs table(s) whose predicate names 'queued'
+    # (the claim's), apart from the history's; each index's size by name.
+    ready_index_bytes: int | None = None
+    index_sizes: dict[str, int] = field(default_factory=dict)
     table_bytes: int | None = None
     claim_buffers: int | None = None
     claim_ms: float | None = None
@@ -229,6 +233,17 @@ class Watch:
         ).fetchone()
         into.dead_tuples, into.live_tuples = int(dead or 0), int(live or 0)
         into.index_bytes, into.table_bytes = int(indexes or 0), int(size or 0)
+        ready = 0
+        for name, size_of, partial in self.conn.execute(
+            "SELECT i.indexrelid::regclass::text, pg_relation_size(i.indexrelid), "
+            "COALESCE(pg_get_expr(i.indpred, i.indrelid) LIKE '%%queued%%', false) "
+            "FROM pg_index i WHERE i.indrelid IN (SELECT relid FROM unnest(%s::text[]) AS q(name), LATERAL ("
+            "  SELECT q.name::regclass AS relid UNION ALL SELECT relid FROM pg_partition_tree(q.name::regclass)) AS t)",
+            [self.tables],
+        ):
+            into.index_sizes[name] = int(size_of)
+            ready += int(size_of) if partial else 0
+        into.ready_index_bytes = ready
         for name, d, li, ib, vacuums in self.conn.execute(
             "SELECT relname, n_dead_tup, n_live_tup, pg_indexes_size(relid), autovacuum_count + vacuum_count "
             "FROM pg_stat_user_tables WHERE n_dead_tup + n_live_tup > 0 ORDER BY relname"
@@ -449,7 +464,7 @@ def ms(value: float | None) -> str:
 
 HEAD = (
     f"{'s':>6} {'enq/s':>7} {'done/s':>7} {'backlog':>9} {'p50 ms':>9} {'p99 ms':>9} {'dead tup':>10} "
-    f"{'idx MB':>7} {'claim buf':>9} {'claim ms':>8} {'walk/scan':>9} {'cores wrk/pg':>12}"
+    f"{'idx MB':>7} {'ready MB':>8} {'claim buf':>9} {'claim ms':>8} {'walk/scan':>9} {'cores wrk/pg':>12}"
 )
 
 
@@ -459,7 +474,8 @@ def line(i: Interval) -> str:
     walk = "-" if i.walk_per_scan is None else f"{i.walk_per_scan:,.1f}"
     return (
         f"{i.t:>6.0f} {i.enqueued_per_s:>7,.0f} {i.done_per_s:>7,.0f} {i.backlog or 0:>9,} {ms(i.p(50)):>9} "
-        f"{ms(i.p(99)):>9} {i.dead_tuples or 0:>10,} {(i.index_bytes or 0) / 2**20:>7.1f} {claim_buf:>9} "
+        f"{ms(i.p(99)):>9} {i.dead_tuples or 0:>10,} {(i.index_bytes or 0) / 2**20:>7.1f} "
+        f"{(i.ready_index_bytes or 0) / 2**20:>8.2f} {claim_buf:>9} "
         f"{claim_ms:>8} {walk:>9} {i.worker_cores:>5.2f}/{i.pg_cores:<5.2f}  {i.phase}"
     )
 
@@ -577,6 +593,8 @@ def compare(run: Run, total: float) -> dict[str, Any]:
             "buffers_per_claim": statistics.mean(claims) if claims else None,
             "claim_ms": statistics.mean(claim_ms) if claim_ms else None,
             "walk_per_scan": statistics.mean(walks) if walks else None,
+            "ready_index_bytes": part[-1].ready_index_bytes if part else None,
+            "index_bytes": part[-1].index_bytes if part else None,
             "enqueued_per_s": sum(i.enqueued_per_s for i in part) * args.interval / seconds if seconds else 0.0,
             "done_per_s": sum(i.done_per_s for i in part) * args.interval / seconds if seconds else 0.0,
         }
@@ -587,6 +605,7 @@ def compare(run: Run, total: float) -> dict[str, Any]:
     out["p50_ratio"] = ratio(b["p50_ms"], a["p50_ms"])
     out["buffers_ratio"] = ratio(b["buffers_per_claim"], a["buffers_per_claim"])
     out["walk_ratio"] = ratio(b["walk_per_scan"], a["walk_per_scan"])
+    out["ready_index_ratio"] = ratio(b["ready_index_bytes"], a["ready_index_bytes"])
     out["backlog_seconds_of_work"] = end_backlog / b["done_per_s"] if end_backlog and b["done_per_s"] else 0.0
     out["drained_over_enqueued_last"] = ratio(b["done_per_s"], b["enqueued_per_s"])
     if args.release_at is not None:
@@ -607,6 +626,10 @@ def recovery(run: Run, first: dict[str, Any], released: float) -> dict[str, Any]
 
 def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
+
+
+def mb(size: int | None) -> str:
+    return "n/a" if size is None else f"{size / 2**20:,.2f}"
 
 
 def times(value: float | None) -> str:
@@ -631,6 +654,8 @@ def describe_compare(c: dict[str, Any], claim_note: str) -> str:
     text = (
         f"{head} ({a['from_s']:g}-{a['to_s']:g} s vs {b['from_s']:g}-{b['to_s']:g} s): "
         f"pickup p50 {ms(a['p50_ms'])} -> {ms(b['p50_ms'])} ms ({times(c['p50_ratio'])}); {buffers}; {walk}; "
+        f"ready-set indexes {mb(a['ready_index_bytes'])} -> {mb(b['ready_index_bytes'])} MB "
+        f"({times(c['ready_index_ratio'])}); "
         f"backlog at end {c['backlog_at_end'] or 0:,} ({c['backlog_seconds_of_work']:,.1f} s of work at "
         f"{b['done_per_s']:,.0f} jobs/s); drained/enqueued in the last {span} "
         + ("n/a" if c["drained_over_enqueued_last"] is None else f"{c['drained_over_enqueued_last']:.2f}")
