@@ -32,6 +32,8 @@ MODULES = {
     "pgqueuer": "benchmarks.peers.pgqueuer_peer",
     "procrastinate": "benchmarks.peers.procrastinate_peer",
     "django-tasks-db": "benchmarks.peers.dtdb_peer",
+    "graphile-worker": "benchmarks.peers.graphile_peer",
+    "graphile-worker-tuned": "benchmarks.peers.graphile_tuned_peer",
 }
 WARMUP = 90_000_000  # ids of the jobs that tell a worker is up; never counted
 

@@ -27,6 +27,8 @@ WORKERS = {
     "pgqueuer": "pgq run module:factory (defaults: --batch-size 10, LISTEN/NOTIFY)",
     "procrastinate": "procrastinate worker --concurrency=4 (LISTEN/NOTIFY)",
     "django-tasks-db": "manage.py db_worker (defaults: polls, --interval 1; CONN_MAX_AGE=None)",
+    "graphile-worker": "run() in one Node.js process (defaults: 1 job at a time, pool 10; deletes finished jobs)",
+    "graphile-worker-tuned": "run(), its performance page's preset (24 jobs, local queue 500, batched finishes)",
 }
 
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import measure, venvs  # noqa: E402
 from benchmarks.report import report  # noqa: E402
 
-PEERS = ["pgqueuer", "procrastinate", "django-tasks-db"]
+PEERS = ["pgqueuer", "procrastinate", "django-tasks-db", "graphile-worker", "graphile-worker-tuned"]
 NO_BULK = {"django-tasks-db"}
 PHASES = ["single", "bulk", "drain1", "drain2", "latency"]
 

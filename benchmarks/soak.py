@@ -126,8 +126,9 @@ class Interval:
     dead_tuples: int | None = None
     live_tuples: int | None = None
     index_bytes: int | None = None
-    # The ready set's indexes: those of the jobs table(s) whose predicate names 'queued'
-    # (the claim's), apart from the history's; each index's size by name.
+    # The ready set's indexes: those of the jobs table(s) whose predicate keeps queued rows
+    # (it names 'queued', and not as "NOT status = 'queued'"), apart from the history's;
+    # each index's size by name.
     ready_index_bytes: int | None = None
     index_sizes: dict[str, int] = field(default_factory=dict)
     table_bytes: int | None = None
@@ -236,7 +237,8 @@ class Watch:
         ready = 0
         for name, size_of, partial in self.conn.execute(
             "SELECT i.indexrelid::regclass::text, pg_relation_size(i.indexrelid), "
-            "COALESCE(pg_get_expr(i.indpred, i.indrelid) LIKE '%%queued%%', false) "
+            "COALESCE(pg_get_expr(i.indpred, i.indrelid) LIKE '%%''queued''%%' "
+            "AND pg_get_expr(i.indpred, i.indrelid) NOT LIKE '%%NOT %%', false) "
             "FROM pg_index i WHERE i.indrelid IN (SELECT relid FROM unnest(%s::text[]) AS q(name), LATERAL ("
             "  SELECT q.name::regclass AS relid UNION ALL SELECT relid FROM pg_partition_tree(q.name::regclass)) AS t)",
             [self.tables],

