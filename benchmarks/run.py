@@ -110,7 +110,8 @@ def clean(url: str, vacuum_only: bool = False) -> None:
         if not vacuum_only:
             tables = conn.execute(
                 "SELECT string_agg(format('%I.%I', schemaname, tablename), ', ') FROM pg_tables "
-                "WHERE schemaname NOT IN ('pg_catalog', 'information_schema') AND tablename <> 'django_migrations'"
+                "WHERE schemaname NOT IN ('pg_catalog', 'information_schema') "
+                "AND tablename NOT IN ('django_migrations', 'migrations')"  # Graphile Worker's is 'migrations'
             ).fetchone()[0]
             if tables:
                 conn.execute(f"TRUNCATE {tables} RESTART IDENTITY CASCADE")
