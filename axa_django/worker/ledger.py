@@ -86,12 +86,13 @@ class Ledger:
         for job in jobs:
             self.work.put(job)
 
-    def started(self, job: Claimed) -> float:
-        """A thread starts ``job``; a job claimed ahead has its start kept until it is written."""
+    def started(self, job: Claimed) -> float | None:
+        """A thread starts ``job``: a job claimed ahead has its start kept until it is written (and returned)."""
+        if not job.unmarked:
+            return None  # its claim wrote started_at
         at = time.time()
-        if job.unmarked:
-            with self._lock:
-                self._starts[job.id] = at
+        with self._lock:
+            self._starts[job.id] = at
         return at
 
     def finished(self, job: Claimed, outcome: Outcome, *, started: float | None = None) -> None:
