@@ -58,6 +58,21 @@ def gone(pid: int) -> bool:
         return True
 
 
+def alive(process: psutil.Process) -> bool:
+    """True while ``process`` (that very process, not a later one with its pid) runs."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def describe(process: psutil.Process) -> str:
+    try:
+        return f"pid {process.pid} {process.status()}, parent {process.ppid()}, {' '.join(process.cmdline())}"
+    except psutil.Error as error:
+        return f"pid {process.pid}: {error!r}"
+
+
 class Child:
     """A pytest session in a subprocess, on its own embedded PostgreSQL, with TMPDIR of its own."""
 
@@ -145,12 +160,17 @@ def test_sigterm_to_pytest_stops_its_workers_and_server_and_removes_its_director
 ) -> None:
     session = child("test_waits_for_sigterm")
     facts = session.read_facts()
-    assert not gone(facts["worker"]) and not gone(facts["postmaster"])
+    # Held as processes, not pids: a pid used again by a new process is not the worker.
+    worker, postmaster = psutil.Process(facts["worker"]), psutil.Process(facts["postmaster"])
+    assert alive(worker) and alive(postmaster)
     session.proc.send_signal(signal.SIGTERM)
     code = session.wait()
     output = session.output.read_text()
     assert code == pytest.ExitCode.INTERRUPTED, output
-    wait_for(lambda: gone(facts["worker"]), timeout=30, what="the worker to be gone")
-    wait_for(lambda: gone(facts["postmaster"]), timeout=30, what="the embedded server to stop")
+    for process, what in ((worker, "the worker"), (postmaster, "the embedded server")):
+        try:
+            wait_for(lambda p=process: not alive(p), timeout=30, what=f"{what} to be gone")
+        except AssertionError as error:
+            raise AssertionError(f"{error}: {describe(process)}; the session printed:\n{output[-4000:]}") from None
     assert session.leftovers() == []
     assert not Path(facts["pgdata"]).exists()
