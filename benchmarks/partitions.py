@@ -1,0 +1,366 @@
+"""A prototype, not the product: what three table shapes cost per job, before one is chosen.
+
+Issue 22 asks for retention in O(1) (dropping partitions, not deleting rows). Before the
+schema changes, this measures the shapes on the real migrated table, its indexes and
+triggers, with the worker's real claim and finish statements, at a steady rate:
+
+- ``plain``: the table as it is; retention deletes old finished rows in batches (the
+  statement RETENTION runs today).
+- ``archive``: ``axa_queue`` partitioned by a ``part`` column; every row is written to and
+  finished in the live partition (``part`` 0), and a maintenance loop moves finished rows
+  older than ``--archive-after`` seconds into a history partition of their minute;
+  retention drops history partitions.
+- ``move``: the same partitions, but the finish itself moves the row into its minute's
+  history partition; retention drops partitions. A claim that meets a row another worker
+  claimed and finished since its snapshot fails with SQLSTATE 40001 ("tuple to be locked
+  was already moved to another partition"): counted, the claim run again.
+
+``python benchmarks/partitions.py --url postgresql://postgres:postgres@127.0.0.1:5432/postgres``
+runs each shape in turn (``--shape`` for one) and prints one line per shape: jobs run per
+second, PostgreSQL CPU per job (the run's own backends), claim time, 40001 errors and
+what the table held at the end. ``--hold-snapshot`` keeps a REPEATABLE READ snapshot open
+from the end of the warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+
+import psycopg  # noqa: E402
+from psycopg import errors  # noqa: E402
+
+from benchmarks import measure  # noqa: E402
+from benchmarks.run import fresh_database  # noqa: E402
+
+NAME = "proto.noop"
+MINUTE = "(floor(extract(epoch FROM now()) / 60))::int8"
+FINISHED = ["completed", "failed", "cancelled"]
+
+
+def migrate(url: str) -> None:
+    env = dict(os.environ, DATABASE_URL=url)
+    subprocess.run([sys.executable, "-m", "django", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+
+
+def partition(conn: psycopg.Connection[Any]) -> None:
+    """Rebuild axa_queue as a table partitioned by ``part``: 0 live, then one partition a minute."""
+    old_indexes = conn.execute(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'axa_queue' AND indexname <> 'axa_queue_pkey'"
+    ).fetchall()
+    triggers = conn.execute(
+        "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'axa_queue'::regclass AND NOT tgisinternal"
+    ).fetchall()
+    options = conn.execute("SELECT reloptions FROM pg_class WHERE oid = 'axa_queue'::regclass").fetchone()[0]
+    with conn.transaction():
+        conn.execute("ALTER TABLE axa_queue RENAME TO axa_queue_old")
+        conn.execute("ALTER TABLE axa_queue_old RENAME CONSTRAINT axa_queue_pkey TO axa_queue_old_pkey")
+        for (definition,) in triggers:
+            name = definition.split()[2]
+            conn.execute(f"DROP TRIGGER {name} ON axa_queue_old")
+        for name, _ in old_indexes:
+            conn.execute(f"DROP INDEX {name}")
+        conn.execute(
+            "CREATE TABLE axa_queue (LIKE axa_queue_old INCLUDING DEFAULTS INCLUDING CONSTRAINTS, "
+            "part int8 NOT NULL DEFAULT 0) PARTITION BY RANGE (part)"
+        )
+        with_options = f" WITH ({', '.join(options)})" if options else ""
+        conn.execute(f"CREATE TABLE axa_queue_live PARTITION OF axa_queue FOR VALUES FROM (0) TO (1){with_options}")
+        conn.execute("ALTER TABLE axa_queue ADD PRIMARY KEY (id, part)")
+        for _name, definition in old_indexes:
+            definition = definition.replace(" ON public.axa_queue ", " ON public.axa_queue_live ")
+            if "UNIQUE" in definition:
+                # Every queued or running row is in the live partition: unique there is unique.
+                conn.execute(definition)
+                continue
+            conn.execute(definition.replace(" ON public.axa_queue_live ", " ON public.axa_queue "))
+        for (definition,) in triggers:
+            conn.execute(definition.replace(" ON public.axa_queue ", " ON axa_queue "))
+        conn.execute("DROP TABLE axa_queue_old")
+
+
+def statements(shape: str) -> dict[str, str]:
+    import django
+
+    django.setup()
+    from axa_django import sql
+
+    claim = sql.compose(sql.CLAIM, [NAME], [], None)
+    finish = sql.FINISH
+    if shape != "plain":
+        claim = re.sub(r"\baxa_queue\b", "axa_queue_live", claim)
+    if shape == "archive":
+        finish = finish.replace("UPDATE axa_queue q", "UPDATE axa_queue_live q")
+    if shape == "move":
+        finish = finish.replace(
+            "SET status = v.status,",
+            f"SET part = CASE WHEN v.status = 'queued' THEN 0 ELSE {MINUTE} END,\n    status = v.status,",
+        ).replace("WHERE q.id = v.id AND", "WHERE q.part = 0 AND q.id = v.id AND")
+    return {"claim": claim, "finish": finish}
+
+
+class Run:
+    def __init__(self, args: argparse.Namespace, url: str, shape: str) -> None:
+        self.args, self.url, self.shape = args, url, shape
+        self.text = statements(shape)
+        self.stop = threading.Event()
+        self.measuring = threading.Event()
+        self.lock = threading.Lock()
+        self.done = 0
+        self.enqueued = 0
+        self.serialization = 0
+        self.other_errors: list[str] = []
+        self.claim_ms: list[float] = []
+        self.pids: list[int] = []
+        self.dropped = 0
+        self.maintenance_ms = 0.0
+
+    def connect(self) -> psycopg.Connection[Any]:
+        conn = psycopg.connect(self.url, autocommit=True)
+        # What a worker's session sets (worker/connection.py).
+        conn.execute("SET jit = off; SET enable_seqscan = off; SET enable_bitmapscan = off")
+        with self.lock:
+            self.pids.append(conn.info.backend_pid)
+        return conn
+
+    def produce(self) -> None:
+        conn = self.connect()
+        batch = 10
+        gap = batch / self.args.rate
+        due = time.monotonic()
+        while not self.stop.is_set():
+            conn.execute(
+                "INSERT INTO axa_queue (id, name, args) "
+                "SELECT gen_random_uuid(), %s, '[]'::jsonb FROM generate_series(1, %s)",
+                (NAME, batch),
+            )
+            with self.lock:
+                self.enqueued += batch
+            due += gap
+            pause = due - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+        conn.close()
+
+    def work(self) -> None:
+        conn = self.connect()
+        worker = uuid.uuid4()
+        conn.execute(
+            "INSERT INTO axa_worker (id, hostname, pid, concurrency, queues, names, backends, "
+            "started_at, heartbeat_at) VALUES (%s, 'proto', 0, 16, 'null', '[]', '[]', now(), now())",
+            (worker,),
+        )
+        claim = self.text["claim"]
+        finish = self.text["finish"]
+        while not self.stop.is_set():
+            started = time.perf_counter()
+            try:
+                rows = conn.execute(claim, {"limit": 16, "worker": worker, "ahead": False}).fetchall()
+            except errors.SerializationFailure:
+                with self.lock:
+                    self.serialization += 1
+                continue
+            if self.measuring.is_set():
+                self.claim_ms.append((time.perf_counter() - started) * 1000)
+            if not rows:
+                time.sleep(0.002)
+                continue
+            now = time.time()
+            outcomes = [
+                {
+                    "id": str(r[0]),
+                    "status": "completed",
+                    "error": None,
+                    "result": {"v": None},
+                    "entry": None,
+                    "delay": 0,
+                    "started": now,
+                }
+                for r in rows
+            ]
+            try:
+                written = conn.execute(finish, {"outcomes": json.dumps(outcomes), "worker": worker}).fetchall()
+            except psycopg.Error as error:
+                self.other_errors.append(f"finish: {error}")
+                continue
+            with self.lock:
+                self.done += len(written)
+        conn.close()
+
+    def maintain(self) -> None:
+        conn = self.connect()
+        conn.execute("SET lock_timeout = '100ms'")
+        retention = self.args.retention
+        while not self.stop.wait(1.0):
+            started = time.perf_counter()
+            try:
+                if self.shape == "plain":
+                    while True:
+                        deleted = conn.execute(
+                            "DELETE FROM axa_queue WHERE id = ANY(ARRAY(SELECT id FROM axa_queue "
+                            "WHERE status = ANY(%s) AND created_at < now() - make_interval(secs => %s) "
+                            "AND updated_at < now() - make_interval(secs => %s) LIMIT 5000 FOR UPDATE SKIP LOCKED))",
+                            (FINISHED, retention, retention),
+                        ).rowcount
+                        if deleted < 5000:
+                            break
+                else:
+                    self.partitions(conn)
+                    if self.shape == "archive":
+                        while True:
+                            moved = conn.execute(
+                                f"UPDATE axa_queue SET part = {MINUTE} WHERE part = 0 AND id = ANY(ARRAY("
+                                "SELECT id FROM axa_queue_live WHERE status = ANY(%s) "
+                                "AND finished_at < now() - make_interval(secs => %s) "
+                                "LIMIT 5000 FOR UPDATE SKIP LOCKED))",
+                                (FINISHED, self.args.archive_after),
+                            ).rowcount
+                            if moved < 5000:
+                                break
+            except psycopg.Error as error:
+                self.other_errors.append(f"maintenance: {error}")
+            if self.measuring.is_set():
+                self.maintenance_ms += (time.perf_counter() - started) * 1000
+        conn.close()
+
+    def partitions(self, conn: psycopg.Connection[Any]) -> None:
+        """Create the next minutes' partitions; drop those wholly older than the retention."""
+        now = int(conn.execute(f"SELECT {MINUTE}").fetchone()[0])
+        existing = {
+            int(name[len("axa_queue_m") :])
+            for (name,) in conn.execute(
+                "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                "WHERE i.inhparent = 'axa_queue'::regclass AND c.relname <> 'axa_queue_live'"
+            )
+        }
+        for minute in range(now, now + 3):
+            if minute not in existing:
+                conn.execute(
+                    f"CREATE TABLE IF NOT EXISTS axa_queue_m{minute} PARTITION OF axa_queue "
+                    f"FOR VALUES FROM ({minute}) TO ({minute + 1})"
+                )
+        for minute in sorted(existing):
+            if (minute + 1) * 60 < time.time() - self.args.retention:
+                try:
+                    conn.execute(f"DROP TABLE axa_queue_m{minute}")
+                    self.dropped += 1
+                except errors.LockNotAvailable:
+                    pass
+
+    def run(self) -> dict[str, Any]:
+        args = self.args
+        holder = None
+        threads = [threading.Thread(target=self.produce, daemon=True)]
+        threads += [threading.Thread(target=self.work, daemon=True) for _ in range(args.workers)]
+        threads += [threading.Thread(target=self.maintain, daemon=True)]
+        if self.shape != "plain":
+            with psycopg.connect(self.url, autocommit=True) as conn:
+                self.partitions(conn)
+        for thread in threads:
+            thread.start()
+        time.sleep(args.warmup)
+        if args.hold_snapshot:
+            holder = psycopg.connect(self.url)
+            holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            holder.execute("SELECT 1 FROM axa_queue LIMIT 1")
+        with self.lock:
+            pids = list(self.pids)
+        cpu0 = {pid: measure.process_cpu(pid) or 0.0 for pid in pids}
+        done0, started = self.done, time.monotonic()
+        self.measuring.set()
+        time.sleep(args.seconds)
+        cpu1 = {pid: measure.process_cpu(pid) or 0.0 for pid in pids}
+        done1, elapsed = self.done, time.monotonic() - started
+        self.measuring.clear()
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            figures = self.table(conn)
+        self.stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+        if holder is not None:
+            holder.close()
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            twice = conn.execute("SELECT count(*) FROM axa_queue WHERE attempts > 1").fetchone()[0]
+        jobs = done1 - done0
+        return {
+            "shape": self.shape,
+            "jobs_per_s": jobs / elapsed,
+            "pg_cpu_ms_per_job": sum(cpu1[p] - cpu0[p] for p in pids) * 1000 / max(jobs, 1),
+            "claim_ms_p50": statistics.median(self.claim_ms) if self.claim_ms else None,
+            "claim_ms_p99": statistics.quantiles(self.claim_ms, n=100)[98] if len(self.claim_ms) > 100 else None,
+            "serialization_failures": self.serialization,
+            "claims": len(self.claim_ms),
+            "other_errors": self.other_errors[:5],
+            "claimed_twice": twice,
+            "partitions_dropped": self.dropped,
+            "maintenance_ms_per_s": self.maintenance_ms / elapsed,
+            **figures,
+        }
+
+    def table(self, conn: psycopg.Connection[Any]) -> dict[str, Any]:
+        tables = ["axa_queue"] if self.shape == "plain" else ["axa_queue_live"]
+        live = tables[0]
+        sizes = conn.execute(
+            "SELECT pg_indexes_size(%s::regclass), n_dead_tup, n_live_tup FROM pg_stat_user_tables WHERE relname = %s",
+            (live, live),
+        ).fetchone()
+        rows = conn.execute("SELECT count(*) FROM axa_queue").fetchone()[0]
+        parts = conn.execute("SELECT count(*) FROM pg_inherits WHERE inhparent = 'axa_queue'::regclass").fetchone()[0]
+        return {
+            "hot_table": live,
+            "hot_indexes_mb": sizes[0] / 1e6,
+            "hot_dead_tuples": sizes[1],
+            "hot_live_tuples": sizes[2],
+            "rows": rows,
+            "partitions": parts,
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default=os.environ.get("DATABASE_URL"), required="DATABASE_URL" not in os.environ)
+    parser.add_argument("--shape", action="append", choices=["plain", "archive", "move"])
+    parser.add_argument("--rate", type=float, default=1000.0, help="jobs enqueued per second")
+    parser.add_argument("--workers", type=int, default=2, help="claiming connections, racing")
+    parser.add_argument("--warmup", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=60.0, help="measured after the warm-up")
+    parser.add_argument("--retention", type=float, default=60.0, help="seconds a finished row is kept")
+    parser.add_argument("--archive-after", type=float, default=5.0, help="archive: seconds before a finished row moves")
+    parser.add_argument("--hold-snapshot", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    results = []
+    for shape in args.shape or ["plain", "archive", "move"]:
+        url = fresh_database(args.url, f"axa_part_{shape}")
+        migrate(url)
+        if shape != "plain":
+            with psycopg.connect(url, autocommit=True) as conn:
+                partition(conn)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE")
+            conn.execute("CHECKPOINT")
+        result = Run(args, url, shape).run()
+        results.append(result)
+        print(json.dumps(result), flush=True)
+        with psycopg.connect(args.url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "axa_part_{shape}" WITH (FORCE)')
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
