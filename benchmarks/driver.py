@@ -29,6 +29,7 @@ from benchmarks.peers.base import Tool  # noqa: E402
 
 MODULES = {
     "axa": "benchmarks.peers.axa_peer",
+    "axa-throughput": "benchmarks.peers.axa_peer",  # run.py passes its runworker arguments
     "pgqueuer": "benchmarks.peers.pgqueuer_peer",
     "procrastinate": "benchmarks.peers.procrastinate_peer",
     "django-tasks-db": "benchmarks.peers.dtdb_peer",

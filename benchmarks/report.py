@@ -24,6 +24,7 @@ ROWS = [
 ]
 WORKERS = {
     "axa": "runworker (defaults: --concurrency 4, NOTIFY wake-up)",
+    "axa-throughput": "runworker at its throughput setting (run.py --throughput-args)",
     "pgqueuer": "pgq run module:factory (defaults: --batch-size 10, LISTEN/NOTIFY)",
     "procrastinate": "procrastinate worker --concurrency=4 (LISTEN/NOTIFY)",
     "django-tasks-db": "manage.py db_worker (defaults: polls, --interval 1; CONN_MAX_AGE=None)",
@@ -54,6 +55,8 @@ def report(results: dict[str, Any]) -> None:
     axa_args = results["args"].get("axa_args")
     for tool in tools:
         worker = f"runworker {axa_args} (run.py --axa-args)" if tool == "axa" and axa_args else WORKERS[tool]
+        if tool == "axa-throughput":
+            worker = f"runworker {results['args']['throughput_args']} (run.py --throughput-args)"
         print(f"  {tool:<16} {worker}")
     line = f"{'metric':<36} {'unit':<7} {'axa':>10}"
     for tool in tools[1:]:

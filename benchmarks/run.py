@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import measure, venvs  # noqa: E402
 from benchmarks.report import report  # noqa: E402
 
-PEERS = ["pgqueuer", "procrastinate", "django-tasks-db", "graphile-worker", "graphile-worker-tuned"]
+PEERS = ["axa-throughput", "pgqueuer", "procrastinate", "django-tasks-db", "graphile-worker", "graphile-worker-tuned"]
 NO_BULK = {"django-tasks-db"}
 PHASES = ["single", "bulk", "drain1", "drain2", "latency"]
 
@@ -52,6 +52,12 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--axa-args", default="", help='extra runworker arguments, e.g. "--concurrency 16" (default: none)'
+    )
+    parser.add_argument(
+        "--throughput-args",
+        default="--concurrency 16",
+        help="runworker arguments of --peer axa-throughput: axa beside itself at its throughput setting "
+        '(default "--concurrency 16")',
     )
     parser.add_argument("--db-prefix", default="axa_bench_", help="databases are <prefix><tool> (default axa_bench_)")
     parser.add_argument("--peer-python", help="Python >= 3.12 for the peers' venvs (default: found on PATH/pyenv)")
@@ -177,9 +183,10 @@ def main() -> None:
     runners = {}
     versions = {}
     for tool in tools:
-        python = sys.executable if tool == "axa" else venvs.ensure(tool, peer_python)
+        python = sys.executable if tool.startswith("axa") else venvs.ensure(tool, peer_python)
         url = fresh_database(base_url, args.db_prefix + tool.replace("-", "_"))
-        runners[tool] = Runner(tool, python, url, server["pg_pid"], args.axa_args)
+        axa_args = args.throughput_args if tool == "axa-throughput" else args.axa_args
+        runners[tool] = Runner(tool, python, url, server["pg_pid"], axa_args)
         versions[tool] = runners[tool]("setup")["version"]
     results: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
