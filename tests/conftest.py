@@ -77,6 +77,18 @@ def database_url() -> str:
     return f"postgresql://{auth}@{host}{port}/{quote(s['NAME'])}"
 
 
+# A runworker started by a test dies with the process that started it, even one killed
+# outright: pytest-xdist kills a node still inside a test when its controller is
+# interrupted, and the node's fixtures never stop their workers then. Set after exec (a
+# preexec_fn could deadlock in a threaded parent) and checked against a parent gone first.
+DIE_WITH_PARENT = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    os._exit(1)
+os.execv(sys.executable, [sys.executable, "-m", "django", *sys.argv[2:]])
+"""
+
 _open_pools: set[Workers] = set()
 
 
@@ -102,7 +114,7 @@ class Workers:
 
     def start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "django", "runworker", *args],
+            [sys.executable, "-c", DIE_WITH_PARENT, str(os.getpid()), "runworker", *args],
             cwd=ROOT,
             env=env or self.env(),
             stdout=subprocess.PIPE,
