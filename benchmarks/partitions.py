@@ -330,7 +330,7 @@ class Run:
         }
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default=os.environ.get("DATABASE_URL"), required="DATABASE_URL" not in os.environ)
     parser.add_argument("--shape", action="append", choices=["plain", "archive", "move"])
@@ -342,7 +342,11 @@ def main() -> None:
     parser.add_argument("--archive-after", type=float, default=5.0, help="archive: seconds before a finished row moves")
     parser.add_argument("--hold-snapshot", action="store_true")
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     results = []
     for shape in args.shape or ["plain", "archive", "move"]:
         url = fresh_database(args.url, f"axa_part_{shape}")

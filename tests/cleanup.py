@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
+import os
 import shutil
 import signal
 import threading
@@ -19,9 +21,23 @@ def remove_at_exit(path: Path) -> None:
     atexit.register(shutil.rmtree, path, ignore_errors=True)
 
 
+# pytest-xdist's nodes: an interrupted controller kills a node still inside a test (after
+# 10 s), and the node's fixtures and atexit (its workers, its server) never run. Each node
+# gets the SIGTERM too, and ends its own session as the controller does.
+_nodes: list[int] = []
+
+
+def forward_sigterm_to(pid: int) -> None:
+    """Send SIGTERM on to ``pid`` when this session gets one."""
+    _nodes.append(pid)
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     # One clean exit is enough; a second SIGTERM must not cut the cleanup short.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for pid in _nodes:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
     raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
 
 

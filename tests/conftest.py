@@ -17,7 +17,7 @@ from urllib.parse import quote
 import pytest
 from django.db import connection
 
-from tests.cleanup import exit_cleanly_on_sigterm
+from tests.cleanup import exit_cleanly_on_sigterm, forward_sigterm_to
 from tests.pgbouncer import PgBouncer
 from tests.pgbouncer import available as pgbouncer_missing
 
@@ -32,6 +32,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # With DATABASE_URL, settings.py did not install it (no server of ours to stop),
     # but runworker subprocesses must still be stopped on SIGTERM.
     exit_cleanly_on_sigterm()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_newgateway(gateway: Any) -> None:
+    # In the controller, as each node starts (idle, so it answers at once).
+    forward_sigterm_to(gateway.remote_exec("import os; channel.send(os.getpid())").receive())
 
 
 def pytest_report_header(config: pytest.Config) -> str:
