@@ -312,8 +312,7 @@ class Run:
         }
 
     def table(self, conn: psycopg.Connection[Any]) -> dict[str, Any]:
-        tables = ["axa_queue"] if self.shape == "plain" else ["axa_queue_live"]
-        live = tables[0]
+        live = "axa_queue" if self.shape == "plain" else "axa_queue_live"
         sizes = conn.execute(
             "SELECT pg_indexes_size(%s::regclass), n_dead_tup, n_live_tup FROM pg_stat_user_tables WHERE relname = %s",
             (live, live),

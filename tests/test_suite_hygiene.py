@@ -50,20 +50,20 @@ def test_waits_for_sigterm(transactional_db, workers):
 """
 
 
-def gone(pid: int) -> bool:
-    """True once ``pid`` has exited (a zombie nobody reaped has exited too)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 def alive(process: psutil.Process) -> bool:
-    """True while ``process`` (that very process, not a later one with its pid) runs."""
+    """True while ``process`` (that very process, not a later one with its pid) runs; a zombie has exited."""
     try:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def gone(pid: int) -> bool:
+    """True once ``pid`` has exited."""
+    try:
+        return not alive(psutil.Process(pid))
+    except psutil.NoSuchProcess:
+        return True
 
 
 def describe(process: psutil.Process) -> str:
