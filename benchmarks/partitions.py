@@ -93,6 +93,44 @@ def partition(conn: psycopg.Connection[Any]) -> None:
         conn.execute("DROP TABLE axa_queue_old")
 
 
+def rotating(conn: psycopg.Connection[Any], parts: int) -> None:
+    """Rebuild axa_queue as LIST partitions on ``part``; inserts go to the current one."""
+    old_indexes = conn.execute(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'axa_queue' AND indexname <> 'axa_queue_pkey'"
+    ).fetchall()
+    triggers = conn.execute(
+        "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'axa_queue'::regclass AND NOT tgisinternal"
+    ).fetchall()
+    options = conn.execute("SELECT reloptions FROM pg_class WHERE oid = 'axa_queue'::regclass").fetchone()[0]
+    with conn.transaction():
+        conn.execute("CREATE TABLE axa_queue_rotation (current int2 NOT NULL, rotated_at timestamptz NOT NULL)")
+        conn.execute("INSERT INTO axa_queue_rotation VALUES (0, now())")
+        conn.execute(
+            "CREATE FUNCTION axa_queue_part() RETURNS int2 LANGUAGE sql STABLE "
+            "AS 'SELECT current FROM axa_queue_rotation'"
+        )
+        conn.execute("ALTER TABLE axa_queue RENAME TO axa_queue_old")
+        conn.execute("ALTER TABLE axa_queue_old RENAME CONSTRAINT axa_queue_pkey TO axa_queue_old_pkey")
+        for (definition,) in triggers:
+            conn.execute(f"DROP TRIGGER {definition.split()[2]} ON axa_queue_old")
+        for name, _ in old_indexes:
+            conn.execute(f"DROP INDEX {name}")
+        conn.execute(
+            "CREATE TABLE axa_queue (LIKE axa_queue_old INCLUDING DEFAULTS INCLUDING CONSTRAINTS, "
+            "part int2 NOT NULL DEFAULT axa_queue_part()) PARTITION BY LIST (part)"
+        )
+        with_options = f" WITH ({', '.join(options)})" if options else ""
+        for n in range(parts):
+            conn.execute(f"CREATE TABLE axa_queue_p{n} PARTITION OF axa_queue FOR VALUES IN ({n}){with_options}")
+        conn.execute("ALTER TABLE axa_queue ADD PRIMARY KEY (id, part)")
+        for _name, definition in old_indexes:
+            if "UNIQUE" not in definition:  # a key table would take its place
+                conn.execute(definition)
+        for (definition,) in triggers:
+            conn.execute(definition.replace(" ON public.axa_queue ", " ON axa_queue "))
+        conn.execute("DROP TABLE axa_queue_old")
+
+
 def statements(shape: str) -> dict[str, str]:
     import django
 
@@ -101,7 +139,7 @@ def statements(shape: str) -> dict[str, str]:
 
     claim = sql.compose(sql.CLAIM, [NAME], [], None)
     finish = sql.FINISH
-    if shape != "plain":
+    if shape not in ("plain", "rotate", "rotate-direct"):
         claim = re.sub(r"\baxa_queue\b", "axa_queue_live", claim)
     if shape == "archive":
         finish = finish.replace("UPDATE axa_queue q", "UPDATE axa_queue_live q")
@@ -127,6 +165,8 @@ class Run:
         self.claim_ms: list[float] = []
         self.pids: list[int] = []
         self.dropped = 0
+        self.moved = 0
+        self.current = 0
         self.maintenance_ms = 0.0
 
     def connect(self) -> psycopg.Connection[Any]:
@@ -169,6 +209,11 @@ class Run:
         while not self.stop.is_set():
             started = time.perf_counter()
             try:
+                if self.shape == "rotate-direct":
+                    # Claim and finish in the partition now written to (a floor would add the older ones).
+                    part = f"axa_queue_p{self.current}"
+                    claim = re.sub(r"\baxa_queue\b", part, self.text["claim"])
+                    finish = self.text["finish"].replace("UPDATE axa_queue q", f"UPDATE {part} q")
                 rows = conn.execute(claim, {"limit": 16, "worker": worker, "ahead": False}).fetchall()
             except errors.SerializationFailure:
                 with self.lock:
@@ -208,7 +253,9 @@ class Run:
         while not self.stop.wait(1.0):
             started = time.perf_counter()
             try:
-                if self.shape == "plain":
+                if self.shape.startswith("rotate"):
+                    self.rotate(conn)
+                elif self.shape == "plain":
                     while True:
                         deleted = conn.execute(
                             "DELETE FROM axa_queue WHERE id = ANY(ARRAY(SELECT id FROM axa_queue "
@@ -236,6 +283,31 @@ class Run:
             if self.measuring.is_set():
                 self.maintenance_ms += (time.perf_counter() - started) * 1000
         conn.close()
+
+    def rotate(self, conn: psycopg.Connection[Any]) -> None:
+        """Every retention / 2: empty the oldest partition (its needed rows moved out) and write there next."""
+        parts = self.args.parts
+        current, age = conn.execute(
+            "SELECT current, extract(epoch FROM now() - rotated_at) FROM axa_queue_rotation"
+        ).fetchone()
+        if age < self.args.retention / (parts - 2):
+            return
+        oldest = (current + 1) % parts
+        try:
+            with conn.transaction():
+                conn.execute(f"LOCK TABLE axa_queue_p{oldest} IN ACCESS EXCLUSIVE MODE")
+                moved = conn.execute(
+                    "UPDATE axa_queue SET part = %s WHERE part = %s AND NOT (status = ANY(%s) "
+                    "AND finished_at < now() - make_interval(secs => %s))",
+                    (current, oldest, FINISHED, self.args.retention),
+                ).rowcount
+                conn.execute(f"TRUNCATE axa_queue_p{oldest}")
+                conn.execute("UPDATE axa_queue_rotation SET current = %s, rotated_at = now()", (oldest,))
+            self.current = oldest
+            self.dropped += 1
+            self.moved += moved
+        except errors.LockNotAvailable:
+            pass
 
     def partitions(self, conn: psycopg.Connection[Any]) -> None:
         """Create the next minutes' partitions; drop those wholly older than the retention."""
@@ -267,7 +339,7 @@ class Run:
         threads = [threading.Thread(target=self.produce, daemon=True)]
         threads += [threading.Thread(target=self.work, daemon=True) for _ in range(args.workers)]
         threads += [threading.Thread(target=self.maintain, daemon=True)]
-        if self.shape != "plain":
+        if self.shape not in ("plain", "rotate", "rotate-direct"):
             with psycopg.connect(self.url, autocommit=True) as conn:
                 self.partitions(conn)
         for thread in threads:
@@ -307,21 +379,24 @@ class Run:
             "other_errors": self.other_errors[:5],
             "claimed_twice": twice,
             "partitions_dropped": self.dropped,
+            "rows_moved": self.moved,
             "maintenance_ms_per_s": self.maintenance_ms / elapsed,
             **figures,
         }
 
     def table(self, conn: psycopg.Connection[Any]) -> dict[str, Any]:
-        live = "axa_queue" if self.shape == "plain" else "axa_queue_live"
+        live = "axa_queue" if self.shape in ("plain", "rotate", "rotate-direct") else "axa_queue_live"
         sizes = conn.execute(
-            "SELECT pg_indexes_size(%s::regclass), n_dead_tup, n_live_tup FROM pg_stat_user_tables WHERE relname = %s",
+            "SELECT sum(pg_indexes_size(relid))::int8, sum(n_dead_tup)::int8, sum(n_live_tup)::int8 "
+            "FROM pg_stat_user_tables "
+            "WHERE relname = %s OR relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = %s::regclass)",
             (live, live),
         ).fetchone()
         rows = conn.execute("SELECT count(*) FROM axa_queue").fetchone()[0]
         parts = conn.execute("SELECT count(*) FROM pg_inherits WHERE inhparent = 'axa_queue'::regclass").fetchone()[0]
         return {
             "hot_table": live,
-            "hot_indexes_mb": sizes[0] / 1e6,
+            "hot_indexes_mb": float(sizes[0]) / 1e6,
             "hot_dead_tuples": sizes[1],
             "hot_live_tuples": sizes[2],
             "rows": rows,
@@ -332,7 +407,8 @@ class Run:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default=os.environ.get("DATABASE_URL"), required="DATABASE_URL" not in os.environ)
-    parser.add_argument("--shape", action="append", choices=["plain", "archive", "move"])
+    parser.add_argument("--shape", action="append", choices=["plain", "archive", "move", "rotate", "rotate-direct"])
+    parser.add_argument("--parts", type=int, default=4, help="rotate: partitions in the ring")
     parser.add_argument("--rate", type=float, default=1000.0, help="jobs enqueued per second")
     parser.add_argument("--workers", type=int, default=2, help="claiming connections, racing")
     parser.add_argument("--warmup", type=float, default=20.0)
@@ -348,9 +424,13 @@ def main() -> None:
     args = parse_args()
     results = []
     for shape in args.shape or ["plain", "archive", "move"]:
-        url = fresh_database(args.url, f"axa_part_{shape}")
+        database = "axa_part_" + shape.replace("-", "_")
+        url = fresh_database(args.url, database)
         migrate(url)
-        if shape != "plain":
+        if shape.startswith("rotate"):
+            with psycopg.connect(url, autocommit=True) as conn:
+                rotating(conn, args.parts)
+        elif shape != "plain":
             with psycopg.connect(url, autocommit=True) as conn:
                 partition(conn)
         with psycopg.connect(url, autocommit=True) as conn:
@@ -360,7 +440,7 @@ def main() -> None:
         results.append(result)
         print(json.dumps(result), flush=True)
         with psycopg.connect(args.url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "axa_part_{shape}" WITH (FORCE)')
+            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 
