@@ -40,7 +40,7 @@ from django.utils import timezone
 
 from axa_django import Job, background_job, signals
 from axa_django.testing import run_jobs
-from benchmarks import history, partitions, soak
+from benchmarks import history, partitions, soak, statements
 from benchmarks import run as benchmark
 from tests import docs_examples
 from tests.conftest import Workers
@@ -186,6 +186,9 @@ def check_command(line: str) -> list[str]:
         return []
     if program in ("python", "python3") and words[1:2] == ["benchmarks/partitions.py"]:
         partitions.parse_args(words[2:])  # exits 2 on a bad option
+        return []
+    if program in ("python", "python3") and words[1:2] == ["benchmarks/statements.py"]:
+        statements.parse_args(words[2:])  # exits 2 on a bad option
         return []
     if program in ("python", "python3") and words[1:2] == ["benchmarks/history.py"]:
         history.parse_args(words[2:])  # exits 2 on a bad option

@@ -2,6 +2,7 @@
 
 import pytest
 from django.db import DatabaseError, connection, transaction
+from django.db.models.signals import post_init
 from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
 
@@ -38,3 +39,20 @@ def test_a_database_error_from_an_enqueue_is_djangos_error(settings):
             jobs.add.perform_later(1)
         transaction.set_rollback(True)
     assert jobs.add.perform_later(2).args == {"a": 2}
+
+
+def test_a_listener_to_jobs_init_hears_every_job_a_bulk_enqueue_returns():
+    heard = []
+
+    def listen(sender, instance, **kwargs):
+        heard.append(instance)
+
+    post_init.connect(listen, sender=Job)
+    try:
+        created = jobs.add.perform_later_many([{"a": i} for i in range(3)])
+    finally:
+        post_init.disconnect(listen, sender=Job)
+    assert [job.args for job in created] == [{"a": 0}, {"a": 1}, {"a": 2}]
+    assert heard == list(created)
+    after = jobs.add.perform_later_many([{"a": 3}])
+    assert len(heard) == 3 and after[0].args == {"a": 3}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import json
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -111,13 +112,19 @@ def _cursor(using: str) -> Iterator[Any]:
         yield cursor
 
 
-def _job(using: str, values: dict[str, Any]) -> Job:
+def _watched() -> bool:
+    """Whether something listens to Job's pre_init or post_init (then Jobs are built by ``from_db``)."""
+    return pre_init.has_listeners(Job) or post_init.has_listeners(Job)
+
+
+def _job(using: str, values: dict[str, Any], watched: bool | None = None) -> Job:
     """A Job loaded from ``values`` (attname -> value; others deferred), as ``Job.from_db`` makes it, faster.
 
     ``from_db`` runs ``Model.__init__``, a loop over every field; a row just written
-    needs only its values set, unless someone listens to pre_init or post_init.
+    needs only its values set, unless someone listens to pre_init or post_init
+    (``watched``: that answer, asked once for a batch).
     """
-    if pre_init.has_listeners(Job) or post_init.has_listeners(Job):
+    if _watched() if watched is None else watched:
         fields = list(values)
         return Job.from_db(using, fields, [values[field] for field in fields])
     job = Job.__new__(Job)
@@ -190,6 +197,10 @@ def _json_text(value: str | None) -> str:
     return "null" if value is None else json.dumps(value)
 
 
+# A batch repeats a few names and queues: each is written as JSON once.
+_json_name = functools.lru_cache(maxsize=256)(json.dumps)
+
+
 def _as_json(row: list[Any]) -> str:
     """One row of ``_params`` as the JSON object _FROM_JSON reads."""
     job_id, name, args, queue, priority, run_at, delay, floor, max_attempts, unique_key, backend, *flow = row
@@ -198,7 +209,7 @@ def _as_json(row: list[Any]) -> str:
     wait = "null" if delay is None else f'"{delay // _MICROSECOND} microseconds"'
     attempts = "null" if max_attempts is None else str(max_attempts)
     return (
-        f'{{"id":"{job_id}","name":{json.dumps(name)},"args":{args},"queue":{json.dumps(queue)},'
+        f'{{"id":"{job_id}","name":{_json_name(name)},"args":{args},"queue":{_json_name(queue)},'
         f'"priority":{priority},"run_at":{when},"delay":{wait},"floor":{"true" if floor else "false"},'
         f'"max_attempts":{attempts},"unique_key":{_json_text(unique_key)},"backend":{_json_text(backend)},'
         f'"timeout":{"null" if timeout is None else repr(float(timeout))},'
@@ -230,11 +241,12 @@ def write_many(items: Iterable[tuple[str, dict[str, Any], Options]], sender: Sen
         written = {row[0] for row in cursor.fetchall()}
     # Build the jobs from what was sent; the columns the database filled in
     # (times, status defaults) are deferred and load on first access.
+    watched = _watched()
     for row, args in zip(rows, arguments, strict=True):
         job_id, name, _, queue, priority, _, _, _, max_attempts, unique_key, backend, *_ = row
         if job_id in written:
             values = [job_id, name, args, "queued", queue, priority, max_attempts, unique_key, backend]
-            result.append(_job(using, dict(zip(_BULK_FIELDS, values, strict=True))))
+            result.append(_job(using, dict(zip(_BULK_FIELDS, values, strict=True)), watched))
     result.skipped = len(rows) - len(result)
     for job in result:
         job_enqueued.send(sender=sender, job=job)
@@ -349,10 +361,11 @@ def write_children(
         if full:
             result.append(Job.objects.using(using).get(pk=prepared[0][0][0]))
     if not full:
+        watched = _watched()
         for row, _options, args in prepared:
             job_id = row[0]
             values = [job_id, row[1], args, statuses[job_id], row[3], row[4], row[8], row[9], row[10]]
-            result.append(_job(using, dict(zip(_BULK_FIELDS, values, strict=True))))
+            result.append(_job(using, dict(zip(_BULK_FIELDS, values, strict=True)), watched))
     senders = list(sender) if isinstance(sender, Sequence) else [sender] * len(result)
     for job, job_sender in zip(result, senders, strict=True):
         job_enqueued.send(sender=job_sender, job=job)
