@@ -79,6 +79,7 @@ ORDER = [
     "worker.claimer",
     "worker.jobs",
     "worker.finisher",
+    "worker.lookout",
     "worker.heartbeat",
     "worker.dispatcher",
     "worker.signalling",

@@ -7,7 +7,9 @@ import itertools
 import os
 import re
 import signal
+import time
 import uuid
+from types import SimpleNamespace
 
 import psycopg
 import pytest
@@ -16,7 +18,8 @@ from django.utils import timezone
 
 from axa_django import Job, dependencies, sql
 from axa_django.worker import connect
-from axa_django.worker.lanes import MAX_LANES, Lanes
+from axa_django.worker.lanes import MARGIN, MAX_LANES, Lanes
+from axa_django.worker.lookout import Lookout
 from tests.conftest import AXA_APPS, wait_for
 from tests.testapp import jobs
 
@@ -399,3 +402,47 @@ def test_a_claim_of_some_names_gets_the_floors_of_their_lanes_only():
     assert key == (("b", 5),)
     assert lanes.floors(key) == '{"' + late.isoformat() + '"}'  # b's own floor, not a's in its place
     assert sql.compose(sql.CLAIM_LANES, ["b"], [], None, lanes=lanes.key()).count("'{b}'") >= 1
+
+
+def test_a_look_after_a_full_walk_was_asked_for_keeps_the_claims_on_their_floors_and_one_before_does_not():
+    lanes = Lanes()
+    now = datetime.datetime.now(datetime.UTC)
+    lanes.learn([(None, NAME, None, 1, None, None, False, 0, now)], (1, 1, now), full=True)
+    assert lanes.bounded() and lanes.shown == (((NAME, 0), now - MARGIN),)
+    started = time.monotonic()
+    lanes.forget()  # a full walk asked for (an error, a new connection) after that look began
+    lanes.looked(None, started, 60.0)
+    assert not lanes.bounded()
+    lanes.learn([], (1, 1, now), full=True)
+    lanes.forget()
+    lanes.looked(None, time.monotonic(), 60.0)  # a look that began after: it covers the floors
+    assert lanes.bounded()
+
+
+def test_a_row_behind_the_floors_is_found_by_the_look_while_the_claims_walk_from_their_floors(held):
+    with connect("default", "test claimer") as conn, connect("default", "heartbeat") as beat:
+        conn.autocommit = True
+        enqueue(conn, 20)
+        claimer = Claimer(conn, [NAME])
+        claimer.finish(claimer.claim())
+        claimer.wait_bounded()
+        # A row put back behind every floor, with no notification: the seed's REQUEUE_STALE.
+        (behind,) = conn.execute(
+            "INSERT INTO axa_queue (id, name, args, status, run_at) VALUES (gen_random_uuid(), %s, '{}', 'running', "
+            "now() - interval '1 hour') RETURNING id",
+            [NAME],
+        ).fetchone()
+        conn.execute("UPDATE axa_queue SET status = 'queued' WHERE id = %s", [behind])
+        lookout = Lookout(SimpleNamespace(backends=[], queues=None), claimer.lanes, interval=10.0)
+        claimer.lanes.forget()  # a walk in full is due: a look that begins after it does its work
+        assert lookout.due()
+        lookout.look(beat)
+        assert not lookout.due()  # FULL_SCAN seconds to the next
+        assert claimer.statement()[2], "the claims walk in full though the look has looked"
+        taken = {row[0] for row in claimer.claim()}
+        assert behind in taken
+        claimer.finish(claimer.claim(limit=100))
+        assert claimer.lanes.bounded()
+        lookout.look(beat)  # nothing behind the floors now: they stay where the claims put them
+        fronts = dict(claimer.lanes.fronts)
+        assert claimer.lanes.bounded() and claimer.lanes.fronts == fronts

@@ -30,6 +30,9 @@ from .claims import (
     HELD_ONE as HELD_ONE,
 )
 from .claims import (
+    LOOK_BEHIND as LOOK_BEHIND,
+)
+from .claims import (
     NEXT_RUN as NEXT_RUN,
 )
 from .claims import (

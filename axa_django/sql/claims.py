@@ -112,6 +112,23 @@ _GAP_WALK = """
         FOR UPDATE SKIP LOCKED
     ) AS c"""
 
+# The look behind the floors (worker/lookout.py): the oldest ready row of any known lane
+# below its floor, under the claim's own filters, or NULL. It reads what the lanes' walk
+# never does (the dead entries a held snapshot keeps below the floors), so it runs on
+# another connection than the claims, which keep walking from their floors meanwhile.
+# No FOR UPDATE: a row another worker is claiming right now only lowers a floor in vain.
+_LOOK_WALK = """
+    SELECT c.run_at
+    FROM unnest({lane_names}::text[], {lane_priorities}::int[], %(floors)s::timestamptz[]) AS l(name, priority, floor)
+    CROSS JOIN LATERAL (
+        SELECT run_at FROM axa_queue
+        WHERE status BETWEEN 'queued' AND 'queued' AND name = l.name AND priority = l.priority AND backend IS NULL
+          AND run_at < l.floor AND run_at <= now() {queue}
+        ORDER BY priority DESC, run_at
+        LIMIT 1
+    ) AS c"""
+LOOK_BEHIND = "SELECT min(run_at) FROM ({look_walks}) AS behind"
+
 # Seconds until the earliest future job this worker could run, or NULL; capped at a
 # day so that a row with run_at = 'infinity' cannot make an infinite wait.
 NEXT_RUN = """
@@ -186,6 +203,10 @@ def compose(
         kinds = ([_LANE_WALK] if lanes else []) + ([_GAP_WALK] if values["gap_names"] else []) + [_BACKEND_WALK]
         walks = [walk.replace("{queue}", f) for walk in kinds for f in filters]
         text = text.replace("{lane_walks}", "\n    UNION ALL".join(walks))
+    if "{look_walks}" in text:
+        lanes = list(lanes)
+        values.update(lane_names=[n for n, _ in lanes], lane_priorities=[p for _, p in lanes])
+        text = text.replace("{look_walks}", "\n    UNION ALL".join(_LOOK_WALK.replace("{queue}", f) for f in filters))
     text = text.replace("{queue_filter}", "AND queue = ANY({queues}::text[])" if queues else "")
     text = text.replace("{paused}", PAUSED_ANY)
 

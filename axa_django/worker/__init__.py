@@ -41,6 +41,7 @@ from .ledger import Ledger
 from .limited import LimitedClaims
 from .listener import Listener
 from .logs import plural, summary
+from .lookout import Lookout
 from .maintenance import Maintenance
 from .options import Options
 from .quiet import Quiet
@@ -115,7 +116,8 @@ class Worker:
         self.claimer = Claimer(options, worker_id, db, ledger, lanes, quiet, limited, self.watchdog)
         self.dispatcher = Dispatcher(options, worker_id, control, ledger, db, self.claimer, limited, quiet)
         self.finisher = Finisher(options, worker_id, control, ledger, limited, self.listener, quiet)
-        self.heartbeat = Heartbeat(options, worker_id, control, ledger)
+        lookout = Lookout(options, lanes, options.housekeeping_interval)
+        self.heartbeat = Heartbeat(options, worker_id, control, ledger, lookout)
         self.signals = Signals(control)
 
     # -- what callers read -----------------------------------------------------------

@@ -13,6 +13,7 @@ from ..ops import health
 from .connection import close, connect
 from .control import Control
 from .ledger import Ledger
+from .lookout import Lookout
 from .options import Options
 
 logger = logging.getLogger("axa_django")
@@ -21,8 +22,11 @@ logger = logging.getLogger("axa_django")
 class Heartbeat:
     """Refreshes the lease every lease/3, touches the health file, and relays cancels flagged in rows."""
 
-    def __init__(self, options: Options, worker_id: uuid.UUID, control: Control, ledger: Ledger) -> None:
+    def __init__(
+        self, options: Options, worker_id: uuid.UUID, control: Control, ledger: Ledger, lookout: Lookout | None = None
+    ) -> None:
         self.options, self.worker_id, self.control, self.ledger = options, worker_id, control, ledger
+        self.lookout = lookout  # looks behind the lanes' floors after a beat, when due
 
     def touch_health_file(self) -> None:
         """Touch the health file, if the worker has one (an error is logged: jobs still run)."""
@@ -60,4 +64,13 @@ class Heartbeat:
                 continue
             self.touch_health_file()
             self.ledger.cancel(cancelled)
+            if self.lookout is not None and self.lookout.due():
+                try:
+                    self.lookout.look(conn)
+                except psycopg.Error as error:
+                    # The claims walk in full meanwhile, as they did before there was a look.
+                    logger.warning("the look for ready rows behind the claims' floors failed (%s)", error)
+                    if conn.closed or conn.broken:
+                        close(conn)
+                        conn = None
         close(conn)

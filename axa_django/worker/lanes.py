@@ -19,9 +19,14 @@ A read-only transaction holding a snapshot has no id: it never holds the floor b
 Rows made ready with an older ``run_at`` (a workflow's child when its last parent
 ends, a resumed queue, rows given back unstarted) announce it: ``lower()`` takes the
 floor down to their time. Lanes not seen yet are walked in full (the priorities
-between known lanes), and every ``FULL_SCAN`` seconds one claim walks every lane from
-the start, for anything else (a row written by hand, the seed's REQUEUE_STALE); every ``FULL_SCAN_UNNOTIFIED``
-seconds where no notification can reach the worker.
+between known lanes). Anything else behind a floor (a row written by hand, the seed's
+REQUEUE_STALE, a row another worker's claim gave back by rolling back) is found by the
+look behind the floors (worker/lookout.py), every ``FULL_SCAN`` seconds on another
+connection, which lowers the floor to it: a walk through a held snapshot's dead entries
+that never holds up a claim. While no look has come in for ``2 * FULL_SCAN`` seconds
+(or more, at a long heartbeat interval), one claim in ``FULL_SCAN`` walks every lane from
+the start instead; every ``FULL_SCAN_UNNOTIFIED`` seconds where no notification can
+reach the worker.
 """
 
 from __future__ import annotations
@@ -54,24 +59,38 @@ class Lanes:
     def __init__(self, *, notified: bool = True) -> None:
         self.full_scan = FULL_SCAN if notified else FULL_SCAN_UNNOTIFIED
         self.fronts: dict[tuple[str, int], datetime.datetime] = {}
-        # Times handed over by other threads (the listener): applied by the dispatcher.
-        self._lowered: queue.SimpleQueue[datetime.datetime | None] = queue.SimpleQueue()
+        # Times handed over by other threads (the listener, the look): applied by the dispatcher.
+        # A pair: a look's start and the time it covers the floors until (monotonic seconds).
+        self._lowered: queue.SimpleQueue[datetime.datetime | tuple[float, float] | None] = queue.SimpleQueue()
         self._xmax: list[int] = []
         self._at: list[datetime.datetime] = []
         self._cap: datetime.datetime | None = None  # no row can appear behind this
         self._next_full = 0.0
+        self._looked_until = 0.0  # a look covered the lanes' floors until this (monotonic)
+        self._forced_at = 0.0  # when a walk in full was last asked for (monotonic)
+        # The known lanes' floors, for the look on another thread: replaced, never changed.
+        self.shown: tuple[tuple[tuple[str, int], datetime.datetime], ...] = ()
 
     def bounded(self) -> bool:
         """Whether the next claim may walk from floors (else it walks every lane in full)."""
         while not self._lowered.empty():
             when = self._lowered.get_nowait()
             if when is None:
-                self._next_full = 0.0
+                self._next_full = self._looked_until = 0.0
+                self._forced_at = time.monotonic()
+                continue
+            if isinstance(when, tuple):
+                # A look covered the floors it was shown, as of its start; not a full
+                # walk asked for after that start.
+                started, until = when
+                if started > self._forced_at:
+                    self._looked_until = until
                 continue
             for lane, front in self.fronts.items():
                 if front > when:
                     self.fronts[lane] = when
-        return self._cap is not None and bool(self.fronts) and time.monotonic() < self._next_full
+        now = time.monotonic()
+        return self._cap is not None and bool(self.fronts) and (now < self._next_full or now < self._looked_until)
 
     def key(self, names: Sequence[str] | None = None) -> tuple[tuple[str, int], ...]:
         """The known lanes (of ``names``, if given), in order: compose them and ``floors()`` alike."""
@@ -116,12 +135,24 @@ class Lanes:
         # A claim that took fewer rows than it asked for does not say that its lanes are
         # empty below the cap: rows other workers were claiming at that moment were passed
         # over (SKIP LOCKED), so the fronts stay at the rows this worker took.
-        self._cap = self._at[found] - MARGIN
+        self._cap = cap = self._at[found] - MARGIN
         del self._xmax[:found], self._at[:found]
+        self.shown = tuple((lane, min(front, cap)) for lane, front in sorted(self.fronts.items()))
 
     def lower(self, when: datetime.datetime | None) -> None:
         """Rows with ``run_at`` from ``when`` on became ready (None: any time): walk from there (any thread)."""
         self._lowered.put(when)
+
+    def looked(self, when: datetime.datetime | None, started: float, valid: float) -> None:
+        """A look behind the floors that began at ``started`` (monotonic) ended (any thread).
+
+        ``when``: the oldest ready row it found behind a floor (the floors go down to it),
+        or None. Either way the claims may walk from their floors for ``valid`` seconds
+        more without walking in full, unless a full walk was asked for since ``started``.
+        """
+        if when is not None:
+            self._lowered.put(when)
+        self._lowered.put((started, time.monotonic() + valid))
 
     def heard(self, payload: str) -> None:
         """Apply a notification's payload: ``ready:<epoch>`` (rows from then on) or ``rescan`` (any thread)."""
@@ -138,4 +169,5 @@ class Lanes:
 
     def forget(self) -> None:
         """Walk every lane in full at the next claim (a new connection, an error)."""
-        self._next_full = 0.0
+        self._next_full = self._looked_until = 0.0
+        self._forced_at = time.monotonic()

@@ -1,0 +1,63 @@
+"""The look behind the lanes' floors, on the heartbeat's thread and connection, never the dispatcher's.
+
+Every ``FULL_SCAN`` seconds one claim used to walk every lane from its start, to find
+rows that appeared behind the floors (worker/lanes.py). While a snapshot is held that
+walk reads every dead entry the snapshot keeps (0.2-0.4 s after minutes at 1,000
+jobs/s), and the dispatcher claimed nothing meanwhile: the held soak's p99. The look
+reads the same entries without locking anything, on another connection, and only tells
+the dispatcher where to walk from; the claims keep walking from their floors meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import psycopg
+
+from .. import sql
+from .lanes import FULL_SCAN, Lanes
+from .options import Options
+
+logger = logging.getLogger("axa_django")
+
+
+class Lookout:
+    """Looks behind the floors the lanes show, at most every ``FULL_SCAN`` seconds, when asked."""
+
+    def __init__(self, options: Options, lanes: Lanes, interval: float) -> None:
+        self.options, self.lanes = options, lanes
+        # The heartbeat's own bound: a look never holds up the next beat for longer.
+        self.timeout = f"{max(100, round(interval * 1000))}ms"
+        # A look covers the floors until the next one is due, with one missed look to spare.
+        self.valid = 2 * max(FULL_SCAN, interval)
+        self._next = 0.0
+        self._statements: dict[tuple[tuple[str, int], ...], str] = {}
+
+    def due(self) -> bool:
+        """Whether a look is due: the lanes show floors, notifications reach the worker, the time has come."""
+        # Without notifications the claims walk in full every FULL_SCAN_UNNOTIFIED
+        # seconds anyway, more often than a heartbeat could look.
+        return bool(self.lanes.shown) and self.lanes.full_scan >= FULL_SCAN and time.monotonic() >= self._next
+
+    def look(self, conn: psycopg.Connection[Any]) -> None:
+        """Look once, in a transaction of its own on ``conn`` (timed out after ``timeout``); tell the lanes."""
+        started = time.monotonic()
+        self._next = started + FULL_SCAN
+        shown = self.lanes.shown
+        key = tuple(lane for lane, _ in shown)
+        statement = self._statements.get(key)
+        if statement is None:
+            options = self.options
+            statement = sql.compose(sql.LOOK_BEHIND, [], options.backends, options.queues, lanes=key)
+            self._statements = {key: statement}  # the lanes change rarely: keep the latest
+        floors = "{" + ",".join(f'"{floor.isoformat()}"' for _, floor in shown) + "}"
+        with conn.transaction(), conn.cursor() as cursor:
+            cursor.execute("SELECT set_config('statement_timeout', %s, true)", [self.timeout])
+            cursor.execute(statement, {"floors": floors})
+            row = cursor.fetchone()
+        when = row[0] if row else None
+        if when is not None:
+            logger.debug("ready rows behind the lanes' floors, from %s: the claims walk from there", when)
+        self.lanes.looked(when, started, self.valid)
