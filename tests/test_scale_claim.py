@@ -446,3 +446,10 @@ def test_a_row_behind_the_floors_is_found_by_the_look_while_the_claims_walk_from
         lookout.look(beat)  # nothing behind the floors now: they stay where the claims put them
         fronts = dict(claimer.lanes.fronts)
         assert claimer.lanes.bounded() and claimer.lanes.fronts == fronts
+        # The look walks each lane's claim index up to its floor, like the claims, as a generic plan.
+        key = tuple(lane for lane, _ in claimer.lanes.shown)
+        floors = "{" + ",".join(f'"{floor.isoformat()}"' for _, floor in claimer.lanes.shown) + "}"
+        beat.execute("SET plan_cache_mode = force_generic_plan")
+        text = sql.compose(sql.LOOK_BEHIND, [], [], None, lanes=key)
+        plan = "\n".join(row[0] for row in beat.execute("EXPLAIN " + text, {"floors": floors}))
+        assert "axa_queue_claim " in plan and "Seq Scan on axa_queue" not in plan and "Sort" not in plan, plan
