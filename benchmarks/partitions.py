@@ -1,4 +1,4 @@
-"""A prototype, not the product: what three table shapes cost per job, before one is chosen.
+"""A prototype, not the product: what table shapes cost per job, before one is chosen.
 
 Issue 22 asks for retention in O(1) (dropping partitions, not deleting rows). Before the
 schema changes, this measures the shapes on the real migrated table, its indexes and
@@ -14,6 +14,15 @@ triggers, with the worker's real claim and finish statements, at a steady rate:
   history partition; retention drops partitions. A claim that meets a row another worker
   claimed and finished since its snapshot fails with SQLSTATE 40001 ("tuple to be locked
   was already moved to another partition"): counted, the claim run again.
+- ``rotate``: a ring of ``--parts`` LIST partitions by enqueue time (a ``part`` column whose
+  default is the partition written to now), finished in place; every ``retention / 2``
+  seconds the oldest partition's rows still needed move to the current one and it is
+  TRUNCATEd and written to next. ``rotate-direct``: the same, the claim and finish aimed
+  at the current partition.
+- ``ready``: the ready set in a table of its own (``axa_ready``, filled by a statement
+  trigger); a claim deletes from it and updates the job row, which keeps only the indexes
+  no claim or finish changes (primary key, ``created_at``), so both update it in place
+  (HOT). An upper bound: the admin's and the history's indexes on status are gone.
 
 ``python benchmarks/partitions.py --url postgresql://postgres:postgres@127.0.0.1:5432/postgres``
 runs each shape in turn (``--shape`` for one) and prints one line per shape: jobs run per
@@ -131,6 +140,49 @@ def rotating(conn: psycopg.Connection[Any], parts: int) -> None:
         conn.execute("DROP TABLE axa_queue_old")
 
 
+def ready_apart(conn: psycopg.Connection[Any]) -> None:
+    """The ready set in a table of its own; job rows keep only indexes a claim or finish never changes.
+
+    An upper bound, not a product: the admin's and the history's indexes on status go, so
+    that a claim and a finish can update the job row in place (HOT).
+    """
+    hot_path = conn.execute(
+        "SELECT indexname FROM pg_indexes WHERE tablename = 'axa_queue' "
+        "AND indexname NOT IN ('axa_queue_pkey', 'axa_queue_created')"
+    ).fetchall()
+    with conn.transaction():
+        for (name,) in hot_path:
+            conn.execute(f"DROP INDEX {name}")
+        conn.execute(
+            "CREATE TABLE axa_ready (id uuid PRIMARY KEY, name text NOT NULL, priority int NOT NULL, "
+            "run_at timestamptz NOT NULL) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.01)"
+        )
+        conn.execute("CREATE INDEX axa_ready_claim ON axa_ready (name, priority DESC, run_at)")
+        conn.execute(
+            "CREATE FUNCTION axa_ready_insert() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "INSERT INTO axa_ready SELECT id, name, priority, run_at FROM inserted WHERE status = 'queued'; "
+            "RETURN NULL; END $$"
+        )
+        conn.execute(
+            "CREATE TRIGGER axa_ready_insert AFTER INSERT ON axa_queue REFERENCING NEW TABLE AS inserted "
+            "FOR EACH STATEMENT EXECUTE FUNCTION axa_ready_insert()"
+        )
+
+
+READY_CLAIM = """
+WITH taken AS (
+    DELETE FROM axa_ready WHERE id = ANY(ARRAY(
+        SELECT id FROM axa_ready WHERE name = %(name)s AND run_at <= now()
+        ORDER BY priority DESC, run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    )) RETURNING id
+)
+UPDATE axa_queue q SET status = 'running', updated_at = now(), started_at = now(),
+    attempts = q.attempts + 1, worker_id = %(worker)s
+FROM taken WHERE q.id = taken.id
+RETURNING q.id, q.name, q.args::text, q.attempts
+"""
+
+
 def statements(shape: str) -> dict[str, str]:
     import django
 
@@ -139,7 +191,9 @@ def statements(shape: str) -> dict[str, str]:
 
     claim = sql.compose(sql.CLAIM, [NAME], [], None)
     finish = sql.FINISH
-    if shape not in ("plain", "rotate", "rotate-direct"):
+    if shape == "ready":
+        claim = READY_CLAIM
+    if shape not in ("plain", "rotate", "rotate-direct", "ready"):
         claim = re.sub(r"\baxa_queue\b", "axa_queue_live", claim)
     if shape == "archive":
         finish = finish.replace("UPDATE axa_queue q", "UPDATE axa_queue_live q")
@@ -214,7 +268,8 @@ class Run:
                     part = f"axa_queue_p{self.current}"
                     claim = re.sub(r"\baxa_queue\b", part, self.text["claim"])
                     finish = self.text["finish"].replace("UPDATE axa_queue q", f"UPDATE {part} q")
-                rows = conn.execute(claim, {"limit": 16, "worker": worker, "ahead": False}).fetchall()
+                params = {"limit": 16, "worker": worker, "ahead": False, "name": NAME}
+                rows = conn.execute(claim, params).fetchall()
             except errors.SerializationFailure:
                 with self.lock:
                     self.serialization += 1
@@ -255,7 +310,7 @@ class Run:
             try:
                 if self.shape.startswith("rotate"):
                     self.rotate(conn)
-                elif self.shape == "plain":
+                elif self.shape in ("plain", "ready"):
                     while True:
                         deleted = conn.execute(
                             "DELETE FROM axa_queue WHERE id = ANY(ARRAY(SELECT id FROM axa_queue "
@@ -339,7 +394,7 @@ class Run:
         threads = [threading.Thread(target=self.produce, daemon=True)]
         threads += [threading.Thread(target=self.work, daemon=True) for _ in range(args.workers)]
         threads += [threading.Thread(target=self.maintain, daemon=True)]
-        if self.shape not in ("plain", "rotate", "rotate-direct"):
+        if self.shape not in ("plain", "rotate", "rotate-direct", "ready"):
             with psycopg.connect(self.url, autocommit=True) as conn:
                 self.partitions(conn)
         for thread in threads:
@@ -385,7 +440,7 @@ class Run:
         }
 
     def table(self, conn: psycopg.Connection[Any]) -> dict[str, Any]:
-        live = "axa_queue" if self.shape in ("plain", "rotate", "rotate-direct") else "axa_queue_live"
+        live = "axa_queue" if self.shape in ("plain", "rotate", "rotate-direct", "ready") else "axa_queue_live"
         sizes = conn.execute(
             "SELECT sum(pg_indexes_size(relid))::int8, sum(n_dead_tup)::int8, sum(n_live_tup)::int8 "
             "FROM pg_stat_user_tables "
@@ -407,7 +462,8 @@ class Run:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default=os.environ.get("DATABASE_URL"), required="DATABASE_URL" not in os.environ)
-    parser.add_argument("--shape", action="append", choices=["plain", "archive", "move", "rotate", "rotate-direct"])
+    shapes = ["plain", "archive", "move", "rotate", "rotate-direct", "ready"]
+    parser.add_argument("--shape", action="append", choices=shapes)
     parser.add_argument("--parts", type=int, default=4, help="rotate: partitions in the ring")
     parser.add_argument("--rate", type=float, default=1000.0, help="jobs enqueued per second")
     parser.add_argument("--workers", type=int, default=2, help="claiming connections, racing")
@@ -430,6 +486,9 @@ def main() -> None:
         if shape.startswith("rotate"):
             with psycopg.connect(url, autocommit=True) as conn:
                 rotating(conn, args.parts)
+        elif shape == "ready":
+            with psycopg.connect(url, autocommit=True) as conn:
+                ready_apart(conn)
         elif shape != "plain":
             with psycopg.connect(url, autocommit=True) as conn:
                 partition(conn)

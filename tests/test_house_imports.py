@@ -80,6 +80,7 @@ ORDER = [
     "worker.jobs",
     "worker.finisher",
     "worker.lookout",
+    "worker.watchman",
     "worker.heartbeat",
     "worker.dispatcher",
     "worker.signalling",

@@ -17,7 +17,7 @@ from django.db import connection
 from django.utils import timezone
 
 from axa_django import Job, dependencies, sql
-from axa_django.worker import connect
+from axa_django.worker import Worker, connect
 from axa_django.worker.lanes import MARGIN, MAX_LANES, Lanes
 from axa_django.worker.lookout import Lookout
 from tests.conftest import AXA_APPS, wait_for
@@ -453,3 +453,19 @@ def test_a_row_behind_the_floors_is_found_by_the_look_while_the_claims_walk_from
         text = sql.compose(sql.LOOK_BEHIND, [], [], None, lanes=key)
         plan = "\n".join(row[0] for row in beat.execute("EXPLAIN " + text, {"floors": floors}))
         assert "axa_queue_claim " in plan and "Seq Scan on axa_queue" not in plan and "Sort" not in plan, plan
+
+
+@pytest.mark.parametrize("burst", [False, True])
+def test_the_rescue_runs_after_a_beat_not_between_claims_except_in_a_burst(burst):
+    # Under a held snapshot the rescue and the look for unhandled jobs walk dead entries
+    # for 0.1-0.9 s: on the dispatcher, no claim could run meanwhile.
+    worker = Worker(burst=burst, install_signals=False, concurrency=1)
+    on_dispatcher: list[str] = []
+    worker.db.bounded = lambda query, params: on_dispatcher.append(query) or []  # type: ignore[method-assign]
+    worker.dispatcher.housekeep()
+    assert (sql.RESCUE in on_dispatcher) is burst
+    after_beat: list[str] = []
+    if not burst:
+        worker.heartbeat.watchman.watch(lambda query, params: after_beat.append(query) or [])
+    assert (sql.RESCUE in after_beat) is not burst
+    assert (worker.heartbeat.watchman is None) is burst

@@ -48,6 +48,7 @@ from .quiet import Quiet
 from .signalling import Signals
 from .startup import check_notify, check_pooler, check_tables
 from .watchdog import Watchdog
+from .watchman import Watchman
 
 __all__ = [
     "CannotConnect",
@@ -114,10 +115,12 @@ class Worker:
         self.jobs = JobThreads(options, worker_id, control, ledger)
         self.watchdog = Watchdog(options, worker_id, control, ledger, self.jobs.replace)
         self.claimer = Claimer(options, worker_id, db, ledger, lanes, quiet, limited, self.watchdog)
-        self.dispatcher = Dispatcher(options, worker_id, control, ledger, db, self.claimer, limited, quiet)
+        self.watchman = watchman = Watchman(options)
+        self.dispatcher = Dispatcher(options, worker_id, control, ledger, db, self.claimer, limited, quiet, watchman)
         self.finisher = Finisher(options, worker_id, control, ledger, limited, self.listener, quiet)
         lookout = Lookout(options, lanes, options.housekeeping_interval)
-        self.heartbeat = Heartbeat(options, worker_id, control, ledger, lookout)
+        # A burst worker's dispatcher keeps the watchman's work (it may be gone before a beat).
+        self.heartbeat = Heartbeat(options, worker_id, control, ledger, lookout, None if options.burst else watchman)
         self.signals = Signals(control)
 
     # -- what callers read -----------------------------------------------------------
@@ -205,7 +208,7 @@ class Worker:
         check_pooler(db, options, self.listener)
         self.dispatcher.register()
         control.spawn(self.heartbeat.loop, "axa-heartbeat")
-        self.dispatcher.rescue()
+        self.watchman.rescue(db.bounded)
         # Once, off the hot path: ready rows of names this code does not know are said now, not a lease later.
         unhandled.warn_at_start(db.bounded, lease=options.lease, registered=registry.registry)
         self.jobs.start()

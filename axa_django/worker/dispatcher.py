@@ -1,4 +1,4 @@
-"""The dispatcher: claims as many rows as threads can take soon, and the rescue between claims."""
+"""The dispatcher: claims as many rows as threads can take soon (a burst worker: the rescue between claims)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 import time
 import uuid
 
-from .. import conf, dependencies, housekeeping, sql, unhandled
+from .. import housekeeping, sql
 from .claimer import Claimer
 from .connection import COALESCE, DispatcherConnection
 from .control import Control
@@ -14,6 +14,7 @@ from .ledger import Ledger
 from .limited import ADOPT_SECONDS, LimitedClaims
 from .options import Options
 from .quiet import Quiet
+from .watchman import Watchman
 
 logger = logging.getLogger("axa_django")
 
@@ -39,12 +40,11 @@ class Dispatcher:
         claimer: Claimer,
         limited: LimitedClaims,
         quiet: Quiet,
+        watchman: Watchman,
     ) -> None:
         self.options, self.worker_id, self.control, self.ledger = options, worker_id, control, ledger
         self.db, self.claimer, self.limited, self.quiet = db, claimer, limited, quiet
-        # The first look waits a lease: workers started together have all registered by then.
-        self._next_unhandled = time.monotonic() + options.lease
-        self._next_rescue = 0.0
+        self.watchman = watchman
         self._next_adopt = 0.0
 
     def register(self) -> None:
@@ -156,41 +156,19 @@ class Dispatcher:
             if self.db.execute(sql.MARK_STARTED, params) is None:
                 self.ledger.keep_starts(due)  # try again at the next turn
 
-    def rescue(self) -> None:
-        """Queue again the rows of workers whose lease ran out (and fail rows that can never run)."""
-        options = self.options
-        params = {"lease": options.lease, "stale": options.stale_minutes, "max_losses": int(conf.get("MAX_LOSSES"))}
-        rows = self.db.bounded(sql.RESCUE, params)
-        if rows:
-            failed = sum(1 for _, status in rows if status == "failed")
-            logger.warning(
-                "requeued %d job(s) whose worker stopped%s",
-                len(rows) - failed,
-                f"; {failed} more had lost their worker max_losses times and failed" if failed else "",
-            )
-        rows = self.db.bounded(sql.FAIL_NEVER_DUE, {})
-        if rows:
-            logger.warning("failed %d job(s) whose run_at was 'infinity'", len(rows))
-        self.db.bounded(dependencies.SWEEP, {})  # children of parents ended outside a finisher
-
     def housekeep(self) -> float:
-        """Rescue and its kin (and for a burst worker, periodic jobs and pruning); seconds until the next."""
+        """The adoption of unkeyed limited rows (and for a burst worker, the watchman's work, periodic
+        jobs and pruning); seconds until the next."""
         options = self.options
         interval = options.housekeeping_interval
-        # Periodic jobs may wake housekeeping every second; dead workers are looked for
-        # only every lease/3, as the lease needs.
-        if time.monotonic() >= self._next_rescue:
-            self._next_rescue = time.monotonic() + interval
-            self.rescue()
         if time.monotonic() >= self._next_adopt:
             self._next_adopt = time.monotonic() + ADOPT_SECONDS
             self.limited.adopt_unkeyed(options.handler_names())
-        if time.monotonic() >= self._next_unhandled:
-            self._next_unhandled = time.monotonic() + unhandled.CHECK_SECONDS
-            rows = self.db.bounded(sql.UNHANDLED, unhandled.params(options.lease))
-            unhandled.warn(unhandled.rows_to_unhandled(rows or []))
-        # Periodic jobs and retention have a thread of their own (worker/maintenance.py); a burst
-        # worker, which may stop after one claim, does one round here.
+        # The rescue and the look for unhandled jobs run on the heartbeat's thread (watchman.py);
+        # periodic jobs and retention on a thread of their own (maintenance.py). A burst
+        # worker, which may stop after one claim, does them here.
+        if options.burst:
+            self.watchman.watch(self.db.bounded)
         soonest = housekeeping.run(options) if options.burst else None
         if soonest is not None:
             interval = max(0.01, min(interval, soonest))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from typing import Any
@@ -15,6 +16,7 @@ from .control import Control
 from .ledger import Ledger
 from .lookout import Lookout
 from .options import Options
+from .watchman import Watchman
 
 logger = logging.getLogger("axa_django")
 
@@ -23,10 +25,19 @@ class Heartbeat:
     """Refreshes the lease every lease/3, touches the health file, and relays cancels flagged in rows."""
 
     def __init__(
-        self, options: Options, worker_id: uuid.UUID, control: Control, ledger: Ledger, lookout: Lookout | None = None
+        self,
+        options: Options,
+        worker_id: uuid.UUID,
+        control: Control,
+        ledger: Ledger,
+        lookout: Lookout | None = None,
+        watchman: Watchman | None = None,
     ) -> None:
         self.options, self.worker_id, self.control, self.ledger = options, worker_id, control, ledger
-        self.lookout = lookout  # looks behind the lanes' floors after a beat, when due
+        # After a beat, when due: the look behind the lanes' floors, the rescue, the look for unhandled jobs.
+        self.lookout, self.watchman = lookout, watchman
+        # Each of those statements may take this long: the next beat comes well within the lease.
+        self.timeout = f"{max(100, round(options.housekeeping_interval * 1000 / 6))}ms"
 
     def touch_health_file(self) -> None:
         """Touch the health file, if the worker has one (an error is logged: jobs still run)."""
@@ -70,7 +81,22 @@ class Heartbeat:
                 except psycopg.Error as error:
                     # The claims walk in full meanwhile, as they did before there was a look.
                     logger.warning("the look for ready rows behind the claims' floors failed (%s)", error)
-                    if conn.closed or conn.broken:
-                        close(conn)
-                        conn = None
+            if self.watchman is not None and not conn.closed:
+                self.watchman.watch(functools.partial(self._run, conn))
+            if conn.closed:  # lost during the look or the watchman's work: a new one at the next beat
+                close(conn)
+                conn = None
         close(conn)
+
+    def _run(self, conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> list[tuple[Any, ...]] | None:
+        """Run one of the watchman's statements in a transaction of its own, under ``timeout``; None if it failed."""
+        if conn.closed:
+            return None
+        try:
+            with conn.transaction(), conn.cursor() as cursor:
+                cursor.execute(sql.TIMEOUTS, {"statement": self.timeout, "lock": self.timeout})
+                cursor.execute(query, params)
+                return cursor.fetchall() if cursor.description else []
+        except psycopg.Error as error:
+            logger.warning("housekeeping on the heartbeat's connection failed (%s); trying again later", error)
+            return None

@@ -28,8 +28,8 @@ class Lookout:
 
     def __init__(self, options: Options, lanes: Lanes, interval: float) -> None:
         self.options, self.lanes = options, lanes
-        # The heartbeat's own bound: a look never holds up the next beat for longer.
-        self.timeout = f"{max(100, round(interval * 1000))}ms"
+        # A sixth of the heartbeat's interval, as the watchman's statements: the next beat comes in time.
+        self.timeout = f"{max(100, round(interval * 1000 / 6))}ms"
         # A look covers the floors until the next one is due, with one missed look to spare.
         self.valid = 2 * max(FULL_SCAN, interval)
         self._next = 0.0
