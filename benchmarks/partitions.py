@@ -442,8 +442,9 @@ class Run:
     def table(self, conn: psycopg.Connection[Any]) -> dict[str, Any]:
         live = "axa_queue" if self.shape in ("plain", "rotate", "rotate-direct", "ready") else "axa_queue_live"
         sizes = conn.execute(
-            "SELECT sum(pg_indexes_size(relid))::int8, sum(n_dead_tup)::int8, sum(n_live_tup)::int8 "
-            "FROM pg_stat_user_tables "
+            "SELECT sum(pg_indexes_size(relid))::int8, sum(n_dead_tup)::int8, sum(n_live_tup)::int8, "
+            "sum(pg_table_size(relid))::int8, sum(n_tup_hot_upd)::int8, sum(n_tup_upd)::int8, "
+            "sum(autovacuum_count)::int8 FROM pg_stat_user_tables "
             "WHERE relname = %s OR relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = %s::regclass)",
             (live, live),
         ).fetchone()
@@ -454,6 +455,9 @@ class Run:
             "hot_indexes_mb": float(sizes[0]) / 1e6,
             "hot_dead_tuples": sizes[1],
             "hot_live_tuples": sizes[2],
+            "table_mb": float(sizes[3]) / 1e6,
+            "hot_updates": sizes[4] / max(sizes[5], 1),
+            "autovacuums": sizes[6],
             "rows": rows,
             "partitions": parts,
         }
@@ -472,6 +476,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--retention", type=float, default=60.0, help="seconds a finished row is kept")
     parser.add_argument("--archive-after", type=float, default=5.0, help="archive: seconds before a finished row moves")
     parser.add_argument("--hold-snapshot", action="store_true")
+    parser.add_argument(
+        "--storage-defaults",
+        action="store_true",
+        help="reset axa_queue's storage parameters (fillfactor, autovacuum) to PostgreSQL's defaults first",
+    )
     parser.add_argument("--json", type=Path)
     return parser.parse_args(argv)
 
@@ -493,9 +502,14 @@ def main() -> None:
             with psycopg.connect(url, autocommit=True) as conn:
                 partition(conn)
         with psycopg.connect(url, autocommit=True) as conn:
+            if args.storage_defaults:
+                conn.execute(
+                    "ALTER TABLE axa_queue RESET (fillfactor, autovacuum_vacuum_scale_factor, "
+                    "autovacuum_vacuum_threshold, autovacuum_analyze_scale_factor, autovacuum_vacuum_cost_delay)"
+                )
             conn.execute("VACUUM ANALYZE")
             conn.execute("CHECKPOINT")
-        result = Run(args, url, shape).run()
+        result = Run(args, url, shape).run() | {"storage_defaults": args.storage_defaults}
         results.append(result)
         print(json.dumps(result), flush=True)
         with psycopg.connect(args.url, autocommit=True) as conn:

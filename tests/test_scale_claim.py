@@ -436,14 +436,14 @@ def test_a_row_behind_the_floors_is_found_by_the_look_while_the_claims_walk_from
         lookout = Lookout(SimpleNamespace(backends=[], queues=None), claimer.lanes, interval=10.0)
         claimer.lanes.forget()  # a walk in full is due: a look that begins after it does its work
         assert lookout.due()
-        lookout.look(beat)
+        lookout.look(beat, "10s")
         assert not lookout.due()  # FULL_SCAN seconds to the next
         assert claimer.statement()[2], "the claims walk in full though the look has looked"
         taken = {row[0] for row in claimer.claim()}
         assert behind in taken
         claimer.finish(claimer.claim(limit=100))
         assert claimer.lanes.bounded()
-        lookout.look(beat)  # nothing behind the floors now: they stay where the claims put them
+        lookout.look(beat, "10s")  # nothing behind the floors now: they stay where the claims put them
         fronts = dict(claimer.lanes.fronts)
         assert claimer.lanes.bounded() and claimer.lanes.fronts == fronts
         # The look walks each lane's claim index up to its floor, like the claims, as a generic plan.

@@ -1,9 +1,15 @@
-"""The heartbeat: the lease on this worker's jobs, on a thread and connection that wait on nothing else."""
+"""The heartbeat: the lease on this worker's jobs, on a thread and connection that no claim waits on.
+
+After a beat, in what is left of the interval, the same thread runs the watchman (the
+rescue, the look for unhandled jobs) and the look behind the lanes' floors: statements
+that read a held snapshot's dead index entries, kept off the dispatcher.
+"""
 
 from __future__ import annotations
 
 import functools
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -22,7 +28,8 @@ logger = logging.getLogger("axa_django")
 
 
 class Heartbeat:
-    """Refreshes the lease every lease/3, touches the health file, and relays cancels flagged in rows."""
+    """Refreshes the lease every lease/3, touches the health file, relays cancels flagged in rows, then
+    runs the watchman's work and the look when due."""
 
     def __init__(
         self,
@@ -36,8 +43,7 @@ class Heartbeat:
         self.options, self.worker_id, self.control, self.ledger = options, worker_id, control, ledger
         # After a beat, when due: the look behind the lanes' floors, the rescue, the look for unhandled jobs.
         self.lookout, self.watchman = lookout, watchman
-        # Each of those statements may take this long: the next beat comes well within the lease.
-        self.timeout = f"{max(100, round(options.housekeeping_interval * 1000 / 6))}ms"
+        self._until = 0.0  # when this beat's time for them is up (monotonic)
 
     def touch_health_file(self) -> None:
         """Touch the health file, if the worker has one (an error is logged: jobs still run)."""
@@ -75,26 +81,36 @@ class Heartbeat:
                 continue
             self.touch_health_file()
             self.ledger.cancel(cancelled)
-            if self.lookout is not None and self.lookout.due():
+            # What follows has 60% of an interval, so that even after a beat that took its
+            # whole timeout the next comes within 2.6 intervals (the lease is three): each
+            # statement is cut at what is left, and what did not fit runs after the next beat.
+            self._until = time.monotonic() + max(0.6 * interval, 0.15)
+            if self.watchman is not None:
+                self.watchman.watch(functools.partial(self._run, conn))
+            if self.lookout is not None and self.lookout.due() and (left := self._left()) is not None:
                 try:
-                    self.lookout.look(conn)
+                    self.lookout.look(conn, left)
                 except psycopg.Error as error:
                     # The claims walk in full meanwhile, as they did before there was a look.
                     logger.warning("the look for ready rows behind the claims' floors failed (%s)", error)
-            if self.watchman is not None and not conn.closed:
-                self.watchman.watch(functools.partial(self._run, conn))
-            if conn.closed:  # lost during the look or the watchman's work: a new one at the next beat
+            if conn.closed:  # lost meanwhile: a new connection at the next beat
                 close(conn)
                 conn = None
         close(conn)
 
+    def _left(self) -> str | None:
+        """This beat's time left for the look and the watchman, as a statement_timeout; None if it is up."""
+        left = self._until - time.monotonic()
+        return f"{max(50, round(left * 1000))}ms" if left > 0 else None
+
     def _run(self, conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> list[tuple[Any, ...]] | None:
-        """Run one of the watchman's statements in a transaction of its own, under ``timeout``; None if it failed."""
-        if conn.closed:
+        """Run one of the watchman's statements in a transaction of its own, in the time left; None if it did not."""
+        left = self._left()
+        if conn.closed or left is None:
             return None
         try:
             with conn.transaction(), conn.cursor() as cursor:
-                cursor.execute(sql.TIMEOUTS, {"statement": self.timeout, "lock": self.timeout})
+                cursor.execute(sql.TIMEOUTS, {"statement": left, "lock": left})
                 cursor.execute(query, params)
                 return cursor.fetchall() if cursor.description else []
         except psycopg.Error as error:

@@ -28,8 +28,6 @@ class Lookout:
 
     def __init__(self, options: Options, lanes: Lanes, interval: float) -> None:
         self.options, self.lanes = options, lanes
-        # A sixth of the heartbeat's interval, as the watchman's statements: the next beat comes in time.
-        self.timeout = f"{max(100, round(interval * 1000 / 6))}ms"
         # A look covers the floors until the next one is due, with one missed look to spare.
         self.valid = 2 * max(FULL_SCAN, interval)
         self._next = 0.0
@@ -41,8 +39,8 @@ class Lookout:
         # seconds anyway, more often than a heartbeat could look.
         return bool(self.lanes.shown) and self.lanes.full_scan >= FULL_SCAN and time.monotonic() >= self._next
 
-    def look(self, conn: psycopg.Connection[Any]) -> None:
-        """Look once, in a transaction of its own on ``conn`` (timed out after ``timeout``); tell the lanes."""
+    def look(self, conn: psycopg.Connection[Any], timeout: str) -> None:
+        """Look once, in a transaction of its own on ``conn`` under ``timeout`` (statement_timeout); tell the lanes."""
         started = time.monotonic()
         self._next = started + FULL_SCAN
         shown = self.lanes.shown
@@ -54,7 +52,7 @@ class Lookout:
             self._statements = {key: statement}  # the lanes change rarely: keep the latest
         floors = "{" + ",".join(f'"{floor.isoformat()}"' for _, floor in shown) + "}"
         with conn.transaction(), conn.cursor() as cursor:
-            cursor.execute("SELECT set_config('statement_timeout', %s, true)", [self.timeout])
+            cursor.execute("SELECT set_config('statement_timeout', %s, true)", [timeout])
             cursor.execute(statement, {"floors": floors})
             row = cursor.fetchone()
         when = row[0] if row else None
