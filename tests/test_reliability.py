@@ -265,3 +265,24 @@ def test_an_outcome_reached_while_postgres_is_down_is_written_when_it_returns(wo
     assert proc.wait(timeout=60) == 0
     output = proc.stdout.read()
     assert "reconnecting" in output or "cannot write" in output
+
+
+def test_a_rescue_stuck_on_a_lock_does_not_cost_its_worker_the_lease(workers, log_file):
+    # The rescue and its kin run on the heartbeat's thread after a beat: one that waits on a
+    # lock is cut at what is left of the interval, never holding back the next beat.
+    job = jobs.slow.perform_later(3 * lease(), log=log_file, token="long")
+    with connect("default", "locker") as locker:
+        locker.execute("SET idle_in_transaction_session_timeout = 0")
+        locker.autocommit = False
+        locker.execute("LOCK TABLE axa_dependency IN ACCESS EXCLUSIVE MODE")  # the rescue's sweep waits on it
+        procs = [workers.start("--concurrency", "1"), workers.start("--concurrency", "1")]
+        wait_for(lambda: fresh(job).status == "completed", timeout=3 * lease() + 30, what="long job to finish")
+        locker.rollback()
+    assert [line.split()[0] for line in lines(log_file)] == ["start", "end"]
+    assert fresh(job).attempts == 1 and fresh(job).losses == 0
+    outputs = []
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+        outputs.append(proc.communicate(timeout=30)[0])
+        assert proc.returncode == 0
+    assert all("housekeeping on the heartbeat's connection failed" in output for output in outputs), outputs
