@@ -66,8 +66,12 @@ def migrate(url: str) -> None:
     subprocess.run([sys.executable, "-m", "django", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
 
 
-def partition(conn: psycopg.Connection[Any]) -> None:
-    """Rebuild axa_queue as a table partitioned by ``part``: 0 live, then one partition a minute."""
+def _set_aside(conn: psycopg.Connection[Any]) -> tuple[list[Any], list[Any], str]:
+    """Rename axa_queue to axa_queue_old, its triggers and indexes dropped (in the caller's transaction).
+
+    Returns what to rebuild on the new table: its indexes (name, definition) but the
+    primary key, its triggers' definitions, and its storage parameters as a WITH clause.
+    """
     old_indexes = conn.execute(
         "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'axa_queue' AND indexname <> 'axa_queue_pkey'"
     ).fetchall()
@@ -75,19 +79,23 @@ def partition(conn: psycopg.Connection[Any]) -> None:
         "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'axa_queue'::regclass AND NOT tgisinternal"
     ).fetchall()
     options = conn.execute("SELECT reloptions FROM pg_class WHERE oid = 'axa_queue'::regclass").fetchone()[0]
+    conn.execute("ALTER TABLE axa_queue RENAME TO axa_queue_old")
+    conn.execute("ALTER TABLE axa_queue_old RENAME CONSTRAINT axa_queue_pkey TO axa_queue_old_pkey")
+    for (definition,) in triggers:
+        conn.execute(f"DROP TRIGGER {definition.split()[2]} ON axa_queue_old")
+    for name, _ in old_indexes:
+        conn.execute(f"DROP INDEX {name}")
+    return old_indexes, triggers, f" WITH ({', '.join(options)})" if options else ""
+
+
+def partition(conn: psycopg.Connection[Any]) -> None:
+    """Rebuild axa_queue as a table partitioned by ``part``: 0 live, then one partition a minute."""
     with conn.transaction():
-        conn.execute("ALTER TABLE axa_queue RENAME TO axa_queue_old")
-        conn.execute("ALTER TABLE axa_queue_old RENAME CONSTRAINT axa_queue_pkey TO axa_queue_old_pkey")
-        for (definition,) in triggers:
-            name = definition.split()[2]
-            conn.execute(f"DROP TRIGGER {name} ON axa_queue_old")
-        for name, _ in old_indexes:
-            conn.execute(f"DROP INDEX {name}")
+        old_indexes, triggers, with_options = _set_aside(conn)
         conn.execute(
             "CREATE TABLE axa_queue (LIKE axa_queue_old INCLUDING DEFAULTS INCLUDING CONSTRAINTS, "
             "part int8 NOT NULL DEFAULT 0) PARTITION BY RANGE (part)"
         )
-        with_options = f" WITH ({', '.join(options)})" if options else ""
         conn.execute(f"CREATE TABLE axa_queue_live PARTITION OF axa_queue FOR VALUES FROM (0) TO (1){with_options}")
         conn.execute("ALTER TABLE axa_queue ADD PRIMARY KEY (id, part)")
         for _name, definition in old_indexes:
@@ -104,13 +112,6 @@ def partition(conn: psycopg.Connection[Any]) -> None:
 
 def rotating(conn: psycopg.Connection[Any], parts: int) -> None:
     """Rebuild axa_queue as LIST partitions on ``part``; inserts go to the current one."""
-    old_indexes = conn.execute(
-        "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'axa_queue' AND indexname <> 'axa_queue_pkey'"
-    ).fetchall()
-    triggers = conn.execute(
-        "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'axa_queue'::regclass AND NOT tgisinternal"
-    ).fetchall()
-    options = conn.execute("SELECT reloptions FROM pg_class WHERE oid = 'axa_queue'::regclass").fetchone()[0]
     with conn.transaction():
         conn.execute("CREATE TABLE axa_queue_rotation (current int2 NOT NULL, rotated_at timestamptz NOT NULL)")
         conn.execute("INSERT INTO axa_queue_rotation VALUES (0, now())")
@@ -118,17 +119,11 @@ def rotating(conn: psycopg.Connection[Any], parts: int) -> None:
             "CREATE FUNCTION axa_queue_part() RETURNS int2 LANGUAGE sql STABLE "
             "AS 'SELECT current FROM axa_queue_rotation'"
         )
-        conn.execute("ALTER TABLE axa_queue RENAME TO axa_queue_old")
-        conn.execute("ALTER TABLE axa_queue_old RENAME CONSTRAINT axa_queue_pkey TO axa_queue_old_pkey")
-        for (definition,) in triggers:
-            conn.execute(f"DROP TRIGGER {definition.split()[2]} ON axa_queue_old")
-        for name, _ in old_indexes:
-            conn.execute(f"DROP INDEX {name}")
+        old_indexes, triggers, with_options = _set_aside(conn)
         conn.execute(
             "CREATE TABLE axa_queue (LIKE axa_queue_old INCLUDING DEFAULTS INCLUDING CONSTRAINTS, "
             "part int2 NOT NULL DEFAULT axa_queue_part()) PARTITION BY LIST (part)"
         )
-        with_options = f" WITH ({', '.join(options)})" if options else ""
         for n in range(parts):
             conn.execute(f"CREATE TABLE axa_queue_p{n} PARTITION OF axa_queue FOR VALUES IN ({n}){with_options}")
         conn.execute("ALTER TABLE axa_queue ADD PRIMARY KEY (id, part)")

@@ -270,13 +270,13 @@ def test_an_outcome_reached_while_postgres_is_down_is_written_when_it_returns(wo
 def test_a_rescue_stuck_on_a_lock_does_not_cost_its_worker_the_lease(workers, log_file):
     # The rescue and its kin run on the heartbeat's thread after a beat: one that waits on a
     # lock is cut at what is left of the interval, never holding back the next beat.
-    job = jobs.slow.perform_later(3 * lease(), log=log_file, token="long")
+    job = jobs.slow.perform_later(2 * lease(), log=log_file, token="long")  # past a lease: six beats
     with connect("default", "locker") as locker:
         locker.execute("SET idle_in_transaction_session_timeout = 0")
         locker.autocommit = False
         locker.execute("LOCK TABLE axa_dependency IN ACCESS EXCLUSIVE MODE")  # the rescue's sweep waits on it
         procs = [workers.start("--concurrency", "1"), workers.start("--concurrency", "1")]
-        wait_for(lambda: fresh(job).status == "completed", timeout=3 * lease() + 30, what="long job to finish")
+        wait_for(lambda: fresh(job).status == "completed", timeout=2 * lease() + 30, what="long job to finish")
         locker.rollback()
     assert [line.split()[0] for line in lines(log_file)] == ["start", "end"]
     assert fresh(job).attempts == 1 and fresh(job).losses == 0
