@@ -43,7 +43,6 @@ class Heartbeat:
         self.options, self.worker_id, self.control, self.ledger = options, worker_id, control, ledger
         # After a beat, when due: the look behind the lanes' floors, the rescue, the look for unhandled jobs.
         self.lookout, self.watchman = lookout, watchman
-        self._until = 0.0  # when this beat's time for them is up (monotonic)
 
     def touch_health_file(self) -> None:
         """Touch the health file, if the worker has one (an error is logged: jobs still run)."""
@@ -84,10 +83,10 @@ class Heartbeat:
             # What follows has 60% of an interval, so that even after a beat that took its
             # whole timeout the next comes within 2.6 intervals (the lease is three): each
             # statement is cut at what is left, and what did not fit runs after the next beat.
-            self._until = time.monotonic() + max(0.6 * interval, 0.15)
+            until = time.monotonic() + max(0.6 * interval, 0.15)
             if self.watchman is not None:
-                self.watchman.watch(functools.partial(self._run, conn))
-            if self.lookout is not None and self.lookout.due() and (left := self._left()) is not None:
+                self.watchman.watch(functools.partial(self._run, conn, until))
+            if self.lookout is not None and self.lookout.due() and (left := _left(until)) is not None:
                 try:
                     self.lookout.look(conn, left)
                 except psycopg.Error as error:
@@ -98,14 +97,11 @@ class Heartbeat:
                 conn = None
         close(conn)
 
-    def _left(self) -> str | None:
-        """This beat's time left for the look and the watchman, as a statement_timeout; None if it is up."""
-        left = self._until - time.monotonic()
-        return f"{max(50, round(left * 1000))}ms" if left > 0 else None
-
-    def _run(self, conn: psycopg.Connection[Any], query: str, params: dict[str, Any]) -> list[tuple[Any, ...]] | None:
-        """Run one of the watchman's statements in a transaction of its own, in the time left; None if it did not."""
-        left = self._left()
+    def _run(
+        self, conn: psycopg.Connection[Any], until: float, query: str, params: dict[str, Any]
+    ) -> list[tuple[Any, ...]] | None:
+        """Run one of the watchman's statements in a transaction of its own, before ``until``; None if it did not."""
+        left = _left(until)
         if conn.closed or left is None:
             return None
         try:
@@ -116,3 +112,9 @@ class Heartbeat:
         except psycopg.Error as error:
             logger.warning("housekeeping on the heartbeat's connection failed (%s); trying again later", error)
             return None
+
+
+def _left(until: float) -> str | None:
+    """The time left before ``until`` (monotonic), as a statement_timeout; None if it is up."""
+    left = until - time.monotonic()
+    return f"{max(50, round(left * 1000))}ms" if left > 0 else None
