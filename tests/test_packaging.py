@@ -3,6 +3,7 @@
 import ast
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -19,14 +20,24 @@ from tests.conftest import ROOT
 _LOCAL_LINK = re.compile(r"\]\((?!https?://|#|mailto:)([^)\s#]+)")
 
 
+# What .gitignore leaves out of a checkout: virtualenvs, caches, build output, benchmark data.
+_NOT_SOURCE = shutil.ignore_patterns(
+    ".git", ".venv*", ".ci-venv*", "__pycache__", "*.pyc", "*.egg-info", "build", "dist", ".*_cache", ".data", "data"
+)
+
+
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("build", reason="pip install -e '.[dev]' installs build")
     out = tmp_path_factory.mktemp("dist")
+    # A copy of the checkout: setuptools stages the sdist inside the tree it builds, and two
+    # xdist workers building in one tree would remove each other's staging directory.
+    tree = tmp_path_factory.mktemp("tree") / "axa-django"
+    shutil.copytree(ROOT, tree, ignore=_NOT_SOURCE)
     # No flags: the sdist first, then the wheel built from the unpacked sdist, so a
     # file the sdist lacks breaks the wheel. --no-isolation: the dev extra's setuptools, no network.
     built = subprocess.run(
-        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)],
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(tree)],
         capture_output=True,
         text=True,
         timeout=300,
