@@ -63,6 +63,7 @@ def test_the_app_has_one_initial_migration():
         "0006_flow_keys.py",
         "0007_admin_indexes.py",
         "0008_finished_hours.py",
+        "0009_status_index_rare.py",
     ]
 
 
