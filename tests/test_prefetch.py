@@ -152,3 +152,11 @@ def test_a_job_cancelled_while_claimed_ahead_never_starts(log_file):
     assert (outcome.status, outcome.started is not None) == ("cancelled", True)
     assert "cancelled before it started" in outcome.error
     assert Path(log_file).read_text() == "" and worker.ledger.held() == 0
+
+
+def test_the_default_prefetch_does_not_shrink_with_fewer_threads():
+    # A claim's round trip costs the same at any thread count: at 8 rows a thread, a
+    # worker of 4 threads claimed 32 no-op jobs a round trip and drained half as fast.
+    defaults = {Worker(concurrency=n, install_signals=False).options.prefetch for n in (1, 4, 16)}
+    assert defaults == {256}
+    assert Worker(concurrency=4, prefetch=0, install_signals=False).options.prefetch == 0

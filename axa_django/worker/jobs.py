@@ -98,8 +98,9 @@ class JobThreads:
 
             runner, resolve = resolver(job)
         function = registry.get(job.name) if runner is None else None
-        responses = job_started.send_robust(sender=function, job_id=job.id, name=job.name, attempt=job.attempt)
-        log_receiver_errors("job_started", responses)
+        if job_started.receivers:
+            responses = job_started.send_robust(sender=function, job_id=job.id, name=job.name, attempt=job.attempt)
+            log_receiver_errors("job_started", responses)
         outcome = perform(job, self.worker_id, resolve or (lambda _job: function))
         aliases = release_connections()
         if aliases:

@@ -13,8 +13,13 @@ from typing import Any
 from .. import conf, registry
 from ..selection import check_names, check_queue, task_backend_aliases
 
-# Rows claimed ahead of free threads, per thread, unless ``prefetch`` says otherwise.
-PREFETCH_PER_THREAD = 8
+# Rows claimed ahead of free threads, unless ``prefetch`` says otherwise. Only jobs much
+# shorter than the dispatcher's round trip reach it (the dispatcher holds about 20 ms of
+# work ahead): a claim serves up to this many of them. At 8 per thread (32 at 4 threads)
+# the dispatcher's claims were the drain's limit: no-op drains of 60,000 jobs ran at
+# 16,000-18,000 jobs/s, against 22,000-31,000 at 128 or 256 rows, with half the worker's
+# CPU per job.
+DEFAULT_PREFETCH = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +80,7 @@ class Options:
         pooling = bool(conf.get("TRANSACTION_POOLING"))
         return cls(
             concurrency=concurrency,
-            prefetch=PREFETCH_PER_THREAD * concurrency if prefetch is None else prefetch,
+            prefetch=DEFAULT_PREFETCH if prefetch is None else prefetch,
             poll_interval=float(poll_interval or conf.get("POLL_INTERVAL")),
             burst=burst,
             max_jobs=max_jobs,
