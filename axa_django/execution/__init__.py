@@ -248,7 +248,7 @@ def attempt_of(outcome: Outcome, raised: BaseException | None) -> Attempt:
 def send_finished(function: Any, outcome: Outcome, robust: bool = False) -> None:
     """Send job_finished; ``robust``: log a receiver's exception instead of raising it (the worker)."""
     if not job_finished.receivers:
-        return  # nothing listens: the result is not decoded for nobody (once per job)
+        return  # nothing listens: no receiver needs the result decoded (a cost per job)
     send = job_finished.send_robust if robust else job_finished.send
     responses = send(
         sender=function,
