@@ -23,6 +23,15 @@ triggers, with the worker's real claim and finish statements, at a steady rate:
   trigger); a claim deletes from it and updates the job row, which keeps only the indexes
   no claim or finish changes (primary key, ``created_at``), so both update it in place
   (HOT). An upper bound: the admin's and the history's indexes on status are gone.
+- ``history``: ``axa_queue`` keeps queued and running rows; the finish deletes a finished
+  row from it and inserts it into ``axa_history``, partitioned by the minute it finished
+  (a retry is still updated in place); retention drops history partitions. A claim that
+  meets a row finished since its snapshot finds it deleted and skips it: no 40001.
+- ``inherit``: the same move, into a history table that INHERITS ``axa_queue`` (plain table
+  inheritance, not declarative partitioning), so that every reader of ``axa_queue`` (the
+  admin, the ORM, the seed's statements) still sees the finished rows without a change;
+  the claims and the finish say ``ONLY axa_queue``. A new history table every
+  ``retention / 4``; retention drops the tables whose newest row is older than it.
 
 ``python benchmarks/partitions.py --url postgresql://postgres:postgres@127.0.0.1:5432/postgres``
 runs each shape in turn (``--shape`` for one) and prints one line per shape: jobs run per
@@ -164,6 +173,87 @@ def ready_apart(conn: psycopg.Connection[Any]) -> None:
         )
 
 
+def history_apart(conn: psycopg.Connection[Any]) -> None:
+    """``axa_history``: finished rows, partitioned by the minute they finished, with the admin's indexes."""
+    with conn.transaction():
+        conn.execute(
+            "CREATE TABLE axa_history (LIKE axa_queue INCLUDING DEFAULTS INCLUDING CONSTRAINTS) "
+            "PARTITION BY RANGE (finished_at)"
+        )
+        conn.execute("ALTER TABLE axa_history ALTER finished_at SET NOT NULL")
+        conn.execute("ALTER TABLE axa_history ADD PRIMARY KEY (id, finished_at)")
+        conn.execute("CREATE INDEX axa_history_created ON axa_history (created_at DESC)")
+        conn.execute(
+            "CREATE INDEX axa_history_failed ON axa_history (finished_at DESC, id DESC) WHERE status = 'failed'"
+        )
+        conn.execute(
+            "CREATE INDEX axa_history_status ON axa_history (status, created_at DESC) WHERE status <> 'completed'"
+        )
+        conn.execute("CREATE INDEX axa_history_workflow ON axa_history (workflow_id) WHERE workflow_id IS NOT NULL")
+        # What only finished rows use leaves the hot table.
+        conn.execute("DROP INDEX axa_queue_failed")
+        conn.execute("DROP INDEX axa_queue_finished")
+
+
+def inherit_child(conn: psycopg.Connection[Any], number: int) -> str:
+    """A history table inheriting axa_queue, with its parent's indexes (those on active statuses stay empty)."""
+    child = f"axa_history_{number}"
+    conn.execute(f"CREATE TABLE {child} () INHERITS (axa_queue)")
+    for name, definition in conn.execute(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public' AND tablename = 'axa_queue'"
+    ).fetchall():
+        conn.execute(
+            definition.replace("UNIQUE ", "").replace(
+                f"INDEX {name} ON public.axa_queue ", f"INDEX {child}{name[len('axa_queue') :]} ON public.{child} "
+            )
+        )
+    return child
+
+
+COLUMNS = (
+    "id, name, args, status, error, run_at, started_at, created_at, updated_at, queue, priority, attempts, "
+    "max_attempts, worker_id, finished_at, errors, result, unique_key, cancel_requested, backend, timeout, "
+    "concurrency_key, rate_key, has_children, on_parent_failure, pending_parents, workflow_id, trace_context, "
+    "losses, max_losses"
+)
+
+# FINISH for the history shape: a retry stays in place; every other outcome moves.
+HISTORY_FINISH = f"""
+WITH v AS MATERIALIZED (
+    SELECT * FROM jsonb_to_recordset(%(outcomes)s::jsonb)
+        AS v(id uuid, status text, error text, result jsonb, entry jsonb, delay float8, started float8)
+), gone AS (
+    DELETE FROM axa_queue q USING v
+    WHERE q.id = v.id AND v.status <> 'queued' AND q.status || '' = 'running'
+      AND q.worker_id IS NOT DISTINCT FROM %(worker)s AND NOT q.has_children
+    RETURNING q.*, v.status AS v_status, v.error AS v_error, v.result AS v_result, v.entry AS v_entry,
+        v.started AS v_started
+), moved AS (
+    INSERT INTO axa_history ({COLUMNS})
+    SELECT id, name, args, v_status, CASE WHEN v_status = 'completed' THEN error ELSE v_error END, run_at,
+        COALESCE(started_at, to_timestamp(v_started)), created_at, now(), queue, priority, attempts,
+        max_attempts, worker_id, now(),
+        CASE WHEN v_entry IS NULL THEN errors ELSE errors || jsonb_build_array(v_entry) END,
+        v_result -> 'v', unique_key, cancel_requested, backend, timeout, concurrency_key, rate_key,
+        has_children, on_parent_failure, pending_parents, workflow_id, trace_context, losses, max_losses
+    FROM gone
+    RETURNING id
+), retried AS (
+    UPDATE axa_queue q
+    SET status = 'queued', error = v.error, result = v.result -> 'v',
+        errors = CASE WHEN v.entry IS NULL THEN q.errors ELSE q.errors || jsonb_build_array(v.entry) END,
+        run_at = now() + make_interval(secs => v.delay), started_at = NULL, worker_id = NULL,
+        finished_at = NULL, updated_at = now()
+    FROM v
+    WHERE q.id = v.id AND v.status = 'queued' AND q.status || '' = 'running'
+      AND q.worker_id IS NOT DISTINCT FROM %(worker)s AND NOT q.has_children
+    RETURNING q.id
+)
+SELECT id, set_config('synchronous_commit', 'off', true) FROM moved
+UNION ALL SELECT id, set_config('synchronous_commit', 'off', true) FROM retried
+"""
+
+
 READY_CLAIM = """
 WITH taken AS (
     DELETE FROM axa_ready WHERE id = ANY(ARRAY(
@@ -178,6 +268,10 @@ RETURNING q.id, q.name, q.args::text, q.attempts
 """
 
 
+# Shapes whose hot table is axa_queue itself, not a partition of it.
+IN_PLACE = ("plain", "rotate", "rotate-direct", "ready", "history", "inherit")
+
+
 def statements(shape: str) -> dict[str, str]:
     import django
 
@@ -188,7 +282,13 @@ def statements(shape: str) -> dict[str, str]:
     finish = sql.FINISH
     if shape == "ready":
         claim = READY_CLAIM
-    if shape not in ("plain", "rotate", "rotate-direct", "ready"):
+    if shape == "history":
+        finish = HISTORY_FINISH
+    if shape == "inherit":
+        only = re.compile(r"\b(FROM|UPDATE) axa_queue\b")
+        claim = only.sub(r"\1 ONLY axa_queue", claim)
+        finish = only.sub(r"\1 ONLY axa_queue", HISTORY_FINISH).replace("INTO axa_history", "INTO {child}")
+    if shape not in IN_PLACE:
         claim = re.sub(r"\baxa_queue\b", "axa_queue_live", claim)
     if shape == "archive":
         finish = finish.replace("UPDATE axa_queue q", "UPDATE axa_queue_live q")
@@ -217,6 +317,8 @@ class Run:
         self.moved = 0
         self.current = 0
         self.maintenance_ms = 0.0
+        self.child = "axa_history_0"
+        self.child_since = time.monotonic()
 
     def connect(self) -> psycopg.Connection[Any]:
         conn = psycopg.connect(self.url, autocommit=True)
@@ -288,7 +390,8 @@ class Run:
                 for r in rows
             ]
             try:
-                written = conn.execute(finish, {"outcomes": json.dumps(outcomes), "worker": worker}).fetchall()
+                text = finish.replace("{child}", self.child)
+                written = conn.execute(text, {"outcomes": json.dumps(outcomes), "worker": worker}).fetchall()
             except psycopg.Error as error:
                 self.other_errors.append(f"finish: {error}")
                 continue
@@ -305,6 +408,10 @@ class Run:
             try:
                 if self.shape.startswith("rotate"):
                     self.rotate(conn)
+                elif self.shape == "history":
+                    self.partitions(conn, "axa_history", "finished_at")
+                elif self.shape == "inherit":
+                    self.inherit(conn)
                 elif self.shape in ("plain", "ready"):
                     while True:
                         deleted = conn.execute(
@@ -334,6 +441,29 @@ class Run:
                 self.maintenance_ms += (time.perf_counter() - started) * 1000
         conn.close()
 
+    def inherit(self, conn: psycopg.Connection[Any]) -> None:
+        """Every retention / 4: a new history table; drop those whose newest row is older than the retention."""
+        if time.monotonic() - self.child_since >= self.args.retention / 4:
+            number = int(self.child.rsplit("_", 1)[1]) + 1
+            with conn.transaction():
+                self.child = inherit_child(conn, number)
+            self.child_since = time.monotonic()
+        children = conn.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = 'axa_queue'::regclass AND c.relname <> %s",
+            (self.child,),
+        ).fetchall()
+        for (child,) in children:
+            newest = conn.execute(
+                f"SELECT max(finished_at) < now() - make_interval(secs => %s) FROM {child}", (self.args.retention,)
+            ).fetchone()[0]
+            if newest:
+                try:
+                    conn.execute(f"DROP TABLE {child}")
+                    self.dropped += 1
+                except errors.LockNotAvailable:
+                    pass
+
     def rotate(self, conn: psycopg.Connection[Any]) -> None:
         """Every retention / 2: empty the oldest partition (its needed rows moved out) and write there next."""
         parts = self.args.parts
@@ -359,26 +489,32 @@ class Run:
         except errors.LockNotAvailable:
             pass
 
-    def partitions(self, conn: psycopg.Connection[Any]) -> None:
+    def partitions(self, conn: psycopg.Connection[Any], table: str = "axa_queue", key: str = "part") -> None:
         """Create the next minutes' partitions; drop those wholly older than the retention."""
         now = int(conn.execute(f"SELECT {MINUTE}").fetchone()[0])
         existing = {
-            int(name[len("axa_queue_m") :])
+            int(name[len(table) + 2 :])
             for (name,) in conn.execute(
                 "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-                "WHERE i.inhparent = 'axa_queue'::regclass AND c.relname <> 'axa_queue_live'"
+                "WHERE i.inhparent = %s::regclass AND c.relname <> 'axa_queue_live'",
+                (table,),
             )
         }
         for minute in range(now, now + 3):
             if minute not in existing:
+                bounds = (
+                    (minute, minute + 1)
+                    if key == "part"
+                    else (f"to_timestamp({minute * 60})", f"to_timestamp({(minute + 1) * 60})")
+                )
                 conn.execute(
-                    f"CREATE TABLE IF NOT EXISTS axa_queue_m{minute} PARTITION OF axa_queue "
-                    f"FOR VALUES FROM ({minute}) TO ({minute + 1})"
+                    f"CREATE TABLE IF NOT EXISTS {table}_m{minute} PARTITION OF {table} "
+                    f"FOR VALUES FROM ({bounds[0]}) TO ({bounds[1]})"
                 )
         for minute in sorted(existing):
             if (minute + 1) * 60 < time.time() - self.args.retention:
                 try:
-                    conn.execute(f"DROP TABLE axa_queue_m{minute}")
+                    conn.execute(f"DROP TABLE {table}_m{minute}")
                     self.dropped += 1
                 except errors.LockNotAvailable:
                     pass
@@ -389,7 +525,10 @@ class Run:
         threads = [threading.Thread(target=self.produce, daemon=True)]
         threads += [threading.Thread(target=self.work, daemon=True) for _ in range(args.workers)]
         threads += [threading.Thread(target=self.maintain, daemon=True)]
-        if self.shape not in ("plain", "rotate", "rotate-direct", "ready"):
+        if self.shape == "history":
+            with psycopg.connect(self.url, autocommit=True) as conn:
+                self.partitions(conn, "axa_history", "finished_at")
+        elif self.shape not in IN_PLACE:
             with psycopg.connect(self.url, autocommit=True) as conn:
                 self.partitions(conn)
         for thread in threads:
@@ -417,6 +556,8 @@ class Run:
             holder.close()
         with psycopg.connect(self.url, autocommit=True) as conn:
             twice = conn.execute("SELECT count(*) FROM axa_queue WHERE attempts > 1").fetchone()[0]
+            if self.shape == "history":
+                twice += conn.execute("SELECT count(*) FROM axa_history WHERE attempts > 1").fetchone()[0]
         jobs = done1 - done0
         return {
             "shape": self.shape,
@@ -435,7 +576,7 @@ class Run:
         }
 
     def table(self, conn: psycopg.Connection[Any]) -> dict[str, Any]:
-        live = "axa_queue" if self.shape in ("plain", "rotate", "rotate-direct", "ready") else "axa_queue_live"
+        live = "axa_queue" if self.shape in IN_PLACE else "axa_queue_live"
         sizes = conn.execute(
             "SELECT sum(pg_indexes_size(relid))::int8, sum(n_dead_tup)::int8, sum(n_live_tup)::int8, "
             "sum(pg_table_size(relid))::int8, sum(n_tup_hot_upd)::int8, sum(n_tup_upd)::int8, "
@@ -444,7 +585,10 @@ class Run:
             (live, live),
         ).fetchone()
         rows = conn.execute("SELECT count(*) FROM axa_queue").fetchone()[0]
-        parts = conn.execute("SELECT count(*) FROM pg_inherits WHERE inhparent = 'axa_queue'::regclass").fetchone()[0]
+        parent = "axa_history" if self.shape == "history" else "axa_queue"
+        parts = conn.execute("SELECT count(*) FROM pg_inherits WHERE inhparent = %s::regclass", (parent,)).fetchone()[0]
+        if self.shape == "history":
+            rows += conn.execute("SELECT count(*) FROM axa_history").fetchone()[0]
         return {
             "hot_table": live,
             "hot_indexes_mb": float(sizes[0]) / 1e6,
@@ -458,10 +602,101 @@ class Run:
         }
 
 
+def drain(args: argparse.Namespace, url: str, shape: str) -> dict[str, Any]:
+    """Enqueue ``--drain`` rows, then claim and finish them all as fast as ``--workers`` connections can."""
+    text = statements(shape)
+    with psycopg.connect(url, autocommit=True) as conn:
+        for start in range(0, args.drain, 10_000):
+            conn.execute(
+                "INSERT INTO axa_queue (id, name, args) SELECT gen_random_uuid(), %s, '[]'::jsonb "
+                "FROM generate_series(1, %s)",
+                (NAME, min(10_000, args.drain - start)),
+            )
+        conn.execute("VACUUM ANALYZE")
+        conn.execute("CHECKPOINT")
+        statements_on = bool(
+            conn.execute(
+                "SELECT 1 FROM pg_available_extensions WHERE name = 'pg_stat_statements' "
+                "AND current_setting('shared_preload_libraries') ~ 'pg_stat_statements'"
+            ).fetchone()
+        )
+        if statements_on:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            conn.execute("SELECT pg_stat_statements_reset()")
+    run = Run(args, url, shape)
+    conns = [run.connect() for _ in range(args.workers)]
+    cpu0 = {pid: measure.process_cpu(pid) or 0.0 for pid in run.pids}
+    done: list[int] = []
+
+    def work(conn: psycopg.Connection[Any]) -> None:
+        worker = uuid.uuid4()
+        count = 0
+        while True:
+            rows = conn.execute(
+                text["claim"], {"limit": args.batch, "worker": worker, "ahead": False, "name": NAME}
+            ).fetchall()
+            if not rows:
+                break
+            now = time.time()
+            outcomes = [
+                {
+                    "id": str(r[0]),
+                    "status": "completed",
+                    "error": None,
+                    "result": {"v": None},
+                    "entry": None,
+                    "delay": 0,
+                    "started": now,
+                }
+                for r in rows
+            ]
+            finish = text["finish"].replace("{child}", run.child)
+            count += len(conn.execute(finish, {"outcomes": json.dumps(outcomes), "worker": worker}).fetchall())
+        done.append(count)
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=work, args=(conn,)) for conn in conns]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.monotonic() - started
+    cpu1 = {pid: measure.process_cpu(pid) or 0.0 for pid in run.pids}
+    jobs = sum(done)
+    result: dict[str, Any] = {
+        "shape": shape,
+        "drained": jobs,
+        "jobs_per_s": jobs / elapsed,
+        "pg_cpu_ms_per_job": sum(cpu1[p] - cpu0[p] for p in run.pids) * 1000 / max(jobs, 1),
+    }
+    with psycopg.connect(url, autocommit=True) as conn:
+        if statements_on:
+            exec_us, wal, buffers = conn.execute(
+                "SELECT sum(total_exec_time) * 1000, sum(wal_records), sum(shared_blks_hit + shared_blks_read) "
+                "FROM pg_stat_statements WHERE query ~ '^\\s*(WITH|UPDATE|DELETE)'"
+            ).fetchone()
+            result |= {
+                "exec_us_per_job": float(exec_us) / jobs,
+                "wal_per_job": float(wal) / jobs,
+                "buffers_per_job": float(buffers) / jobs,
+            }
+            result["statements"] = [
+                f"{calls} calls {float(us) / jobs:.1f} us/job {float(w) / jobs:.1f} WAL/job: {query[:40]}"
+                for calls, us, w, query in conn.execute(
+                    "SELECT calls, total_exec_time * 1000, wal_records, regexp_replace(query, '\\s+', ' ', 'g') "
+                    "FROM pg_stat_statements WHERE query ~ '^\\s*(WITH|UPDATE|DELETE)' ORDER BY 2 DESC LIMIT 3"
+                )
+            ]
+        left = conn.execute("SELECT count(*) FROM axa_queue WHERE status = 'queued'").fetchone()[0]
+    for conn in conns:
+        conn.close()
+    return result | {"left_queued": left}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default=os.environ.get("DATABASE_URL"), required="DATABASE_URL" not in os.environ)
-    shapes = ["plain", "archive", "move", "rotate", "rotate-direct", "ready"]
+    shapes = ["plain", "archive", "move", "rotate", "rotate-direct", "ready", "history", "inherit"]
     parser.add_argument("--shape", action="append", choices=shapes)
     parser.add_argument("--parts", type=int, default=4, help="rotate: partitions in the ring")
     parser.add_argument("--rate", type=float, default=1000.0, help="jobs enqueued per second")
@@ -471,6 +706,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--retention", type=float, default=60.0, help="seconds a finished row is kept")
     parser.add_argument("--archive-after", type=float, default=5.0, help="archive: seconds before a finished row moves")
     parser.add_argument("--hold-snapshot", action="store_true")
+    parser.add_argument("--drain", type=int, default=0, help="enqueue this many rows, then drain them (no rate)")
+    parser.add_argument("--batch", type=int, default=50, help="--drain: rows per claim")
     parser.add_argument(
         "--storage-defaults",
         action="store_true",
@@ -493,6 +730,12 @@ def main() -> None:
         elif shape == "ready":
             with psycopg.connect(url, autocommit=True) as conn:
                 ready_apart(conn)
+        elif shape == "history":
+            with psycopg.connect(url, autocommit=True) as conn:
+                history_apart(conn)
+        elif shape == "inherit":
+            with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
+                inherit_child(conn, 0)
         elif shape != "plain":
             with psycopg.connect(url, autocommit=True) as conn:
                 partition(conn)
@@ -504,7 +747,13 @@ def main() -> None:
                 )
             conn.execute("VACUUM ANALYZE")
             conn.execute("CHECKPOINT")
-        result = Run(args, url, shape).run() | {"storage_defaults": args.storage_defaults}
+        if shape == "history":
+            with psycopg.connect(url, autocommit=True) as conn:
+                Run(args, url, shape).partitions(conn, "axa_history", "finished_at")
+        if args.drain:
+            result = drain(args, url, shape)
+        else:
+            result = Run(args, url, shape).run() | {"storage_defaults": args.storage_defaults}
         results.append(result)
         print(json.dumps(result), flush=True)
         with psycopg.connect(args.url, autocommit=True) as conn:
