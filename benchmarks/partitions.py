@@ -446,7 +446,8 @@ class Run:
         if time.monotonic() - self.child_since >= self.args.retention / 4:
             number = int(self.child.rsplit("_", 1)[1]) + 1
             with conn.transaction():
-                self.child = inherit_child(conn, number)
+                child = inherit_child(conn, number)
+            self.child = child  # only once committed: the finishers write to it at once
             self.child_since = time.monotonic()
         children = conn.execute(
             "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
