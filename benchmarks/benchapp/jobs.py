@@ -1,4 +1,5 @@
 from axa_django import background_job
+from benchmarks.measure import record as write
 
 
 @background_job
@@ -9,6 +10,4 @@ def noop() -> None:
 @background_job
 def record(i: int) -> None:
     """Appends its id and times to BENCH_RECORD: the benchmark's drain and pickup runs time these."""
-    from benchmarks.measure import record as write
-
     write(i)
