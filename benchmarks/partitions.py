@@ -653,13 +653,16 @@ def drain(args: argparse.Namespace, url: str, shape: str) -> dict[str, Any]:
     }
     with psycopg.connect(url, autocommit=True) as conn:
         if statements_on:
-            exec_us, wal, buffers = conn.execute(
-                "SELECT sum(total_exec_time) * 1000, sum(wal_records), sum(shared_blks_hit + shared_blks_read) "
+            exec_us, wal, wal_bytes, fpi, buffers = conn.execute(
+                "SELECT sum(total_exec_time) * 1000, sum(wal_records), sum(wal_bytes), sum(wal_fpi), "
+                "sum(shared_blks_hit + shared_blks_read) "
                 "FROM pg_stat_statements WHERE query ~ '^\\s*(WITH|UPDATE|DELETE)'"
             ).fetchone()
             result |= {
                 "exec_us_per_job": float(exec_us) / jobs,
                 "wal_per_job": float(wal) / jobs,
+                "wal_bytes_per_job": float(wal_bytes) / jobs,
+                "full_page_images_per_job": float(fpi) / jobs,
                 "buffers_per_job": float(buffers) / jobs,
             }
             result["statements"] = [
@@ -670,6 +673,7 @@ def drain(args: argparse.Namespace, url: str, shape: str) -> dict[str, Any]:
                 )
             ]
         left = conn.execute("SELECT count(*) FROM axa_queue WHERE status = 'queued'").fetchone()[0]
+        result["table_mb"] = float(conn.execute("SELECT pg_table_size('axa_queue') / 1e6").fetchone()[0])
     for conn in conns:
         conn.close()
     return result | {"left_queued": left}
@@ -733,7 +737,7 @@ def main() -> None:
             with psycopg.connect(url, autocommit=True) as conn:
                 Run(args, url, shape).partitions(conn, "axa_history", "finished_at")
         if args.drain:
-            result = drain(args, url, shape)
+            result = drain(args, url, shape) | {"storage_defaults": args.storage_defaults}
         else:
             result = Run(args, url, shape).run() | {"storage_defaults": args.storage_defaults}
         results.append(result)
