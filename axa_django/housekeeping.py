@@ -19,7 +19,7 @@ from typing import Protocol, TypeVar
 
 from django.db import DatabaseError, OperationalError, connections, transaction
 
-from . import conf, cron, pruning
+from . import conf, cron, history, pruning
 
 logger = logging.getLogger("axa_django")
 
@@ -77,13 +77,33 @@ def _schedule(worker: Housekeeper, names: list[str]) -> datetime.datetime:
     return now
 
 
+def _rotate(worker: Housekeeper, retention: float) -> None:
+    # Three transactions: making the next table is slow and holds nothing the finishes
+    # need; the close holds them only for two renames.
+    kept = datetime.timedelta(seconds=retention)
+    with bounded(worker.using), connections[worker.using].cursor() as cursor:
+        history.prepare(cursor)
+    with bounded(worker.using), connections[worker.using].cursor() as cursor:
+        closed = history.close(cursor, kept / 4)
+    with bounded(worker.using), connections[worker.using].cursor() as cursor:
+        dropped = history.drop(cursor, kept)
+    if closed is not None:
+        logger.info("closed history table axa_history_%d", closed)
+    if dropped is not None:
+        logger.info("dropped history table axa_history_%d, older than RETENTION", dropped)
+
+
 def _prune(worker: Housekeeper, retention: float, until: threading.Event | None) -> None:
+    # Only rows finished in axa_queue itself: the history goes by whole tables (_rotate).
     deleted = 0
     try:
         while True:
             with bounded(worker.using):
                 batch = pruning.prune_batch(
-                    datetime.timedelta(seconds=retention), batch_size=RETENTION_BATCH, using=worker.using
+                    datetime.timedelta(seconds=retention),
+                    batch_size=RETENTION_BATCH,
+                    using=worker.using,
+                    history=False,
                 )
             deleted += batch
             # One batch a round for a burst worker's dispatcher; else until caught up or stopped.
@@ -124,6 +144,7 @@ def run(worker: Housekeeper, prune_until: threading.Event | None = None) -> floa
     if jobs:
         now = _step("schedule periodic jobs", conf.get("DATABASE"), lambda: _schedule(worker, names))
     if retention is not None:
+        _step("rotate the history", worker.using, lambda: _rotate(worker, retention))
         _step("prune", worker.using, lambda: _prune(worker, retention, prune_until))
     # Only when the database could not be read: the host clock, merely to choose
     # when to look again (what is due is always decided by the database clock).

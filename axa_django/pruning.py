@@ -43,8 +43,8 @@ WHERE w.id = ANY(%(groups)s::uuid[]) AND NOT EXISTS (SELECT 1 FROM axa_queue q W
 """
 
 
-def _delete_batch(cursor: Any, params: dict[str, Any]) -> int:
-    cursor.execute(DELETE_BATCH, params)
+def _delete_batch(cursor: Any, params: dict[str, Any], statement: str = DELETE_BATCH) -> int:
+    cursor.execute(statement, params)
     rows = cursor.fetchall()
     linked = [row[0] for row in rows if row[0] is not None]
     groups = list({row[1] for row in rows if row[1] is not None})
@@ -52,6 +52,11 @@ def _delete_batch(cursor: Any, params: dict[str, Any]) -> int:
         cursor.execute(DELETE_LINKS, {"ids": linked, "groups": groups})
     return len(rows)
 
+
+# The same for the rows finished in axa_queue itself (before migration 0010, or written
+# finished by an INSERT): RETENTION drops the history's tables whole (history.py).
+DELETE_BATCH_QUEUE = DELETE_BATCH.replace("FROM axa_queue", "FROM ONLY axa_queue")
+assert DELETE_BATCH_QUEUE.count("ONLY") == 2, "DELETE_BATCH changed shape"
 
 COUNT = f"SELECT count(*) FROM axa_queue WHERE {_MATCH}"
 
@@ -102,12 +107,16 @@ def prune_batch(
     *,
     batch_size: int = BATCH_SIZE,
     using: str | None = None,
+    history: bool = True,
 ) -> int:
-    """Delete at most ``batch_size`` old finished jobs in one statement; return how many."""
+    """Delete at most ``batch_size`` old finished jobs in one statement; return how many.
+
+    With ``history=False``, only those still in ``axa_queue`` itself, not in its history tables.
+    """
     params = {"statuses": _statuses(statuses), "limit": batch_size}
     with connections[using or conf.get("DATABASE")].cursor() as cursor:
         params["cutoff"] = _cutoff(cursor, older_than)
-        return _delete_batch(cursor, params)
+        return _delete_batch(cursor, params, DELETE_BATCH if history else DELETE_BATCH_QUEUE)
 
 
 def prune(

@@ -63,6 +63,8 @@ CREATE FUNCTION axa_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN RAISE EXCEPTION 'this result is refused'; END $$;
 CREATE TRIGGER axa_test_refuse BEFORE UPDATE ON axa_queue FOR EACH ROW
     WHEN (NEW.result = '"refuse me"'::jsonb) EXECUTE FUNCTION axa_test_refuse();
+CREATE TRIGGER axa_test_refuse BEFORE INSERT ON axa_history FOR EACH ROW
+    WHEN (NEW.result = '"refuse me"'::jsonb) EXECUTE FUNCTION axa_test_refuse();
 """
 
 
@@ -73,7 +75,10 @@ def refusing_table():
         cursor.execute(REFUSE)
     yield
     with connection.cursor() as cursor:
-        cursor.execute("DROP TRIGGER axa_test_refuse ON axa_queue; DROP FUNCTION axa_test_refuse()")
+        cursor.execute(
+            "DROP TRIGGER axa_test_refuse ON axa_queue; DROP TRIGGER axa_test_refuse ON axa_history; "
+            "DROP FUNCTION axa_test_refuse()"
+        )
 
 
 @pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)

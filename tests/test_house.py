@@ -64,6 +64,7 @@ def test_the_app_has_one_initial_migration():
         "0007_admin_indexes.py",
         "0008_finished_hours.py",
         "0009_status_index_rare.py",
+        "0010_history.py",
     ]
 
 
@@ -87,8 +88,8 @@ def test_the_migrated_schema_is_the_models_schema():
     names = {index.name for model in models for index in model._meta.indexes}
     assert names <= {name for _, name, _ in migrated["indexes"]}
     assert (
-        len(names) == 17
-    )  # flow: 3; workflows: axa_queue_workflow, axa_dependency_child, _pending; ops: 2; the failed list: 1
+        len(names) == 18
+    )  # flow: 3; workflows: axa_queue_workflow, _linked, axa_dependency_child, _pending; ops: 2; the failed list: 1
 
 
 @pytest.mark.django_db
@@ -106,6 +107,7 @@ def test_the_migration_adds_the_notify_trigger_and_storage_parameters():
         ("axa_flow_insert", "axa_flow_count_inserted"),
         ("axa_flow_truncate", "axa_flow_truncate"),
         ("axa_flow_update", "axa_flow_count"),
+        ("axa_history_keep", "axa_history_keep"),  # a row finished in place moves to the history (0010)
         ("axa_queue_behind_insert", "axa_queue_behind"),  # rows queued behind the claims' floors (0005)
         ("axa_queue_behind_update", "axa_queue_behind"),
         ("axa_queue_notify", "axa_queue_notify"),

@@ -39,6 +39,7 @@ ORDER = [
     "ops.budget",
     "checks",
     "pruning",
+    "history",
     "unhandled",
     "ops.fleetstats",
     "ops.health",

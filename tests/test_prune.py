@@ -287,7 +287,11 @@ def test_a_slow_prune_does_not_hold_up_the_claims() -> None:
             "CREATE FUNCTION axa_test_stall() RETURNS trigger LANGUAGE plpgsql "
             "AS $$ BEGIN PERFORM pg_sleep(30); RETURN NULL; END $$"
         )
-        cursor.execute("CREATE TRIGGER axa_test_stall BEFORE DELETE ON axa_queue EXECUTE FUNCTION axa_test_stall()")
+        # Rows only, finished ones: the worker's FINISH deletes running rows (into the history).
+        cursor.execute(
+            "CREATE TRIGGER axa_test_stall BEFORE DELETE ON axa_queue FOR EACH ROW WHEN (OLD.status <> 'running') "
+            "EXECUTE FUNCTION axa_test_stall()"
+        )
     workers = Workers()
     try:
         workers.start("--concurrency", "1", env=workers.env(AXA_TEST_RETENTION="3600"))
@@ -297,7 +301,7 @@ def test_a_slow_prune_does_not_hold_up_the_claims() -> None:
                 cursor.execute(
                     "SELECT pid, query_start FROM pg_stat_activity WHERE state = 'active' "
                     "AND pid <> pg_backend_pid() AND query LIKE %s",
-                    ["%DELETE FROM axa_queue WHERE id = ANY%"],
+                    ["%DELETE FROM ONLY axa_queue WHERE id = ANY%"],
                 )
                 return cursor.fetchone()
 

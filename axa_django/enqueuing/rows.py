@@ -349,6 +349,12 @@ def write_children(
             document = "[" + ",".join(_as_json(row) for row, _, _ in prepared[start:end]) + "]"
             params = [list(after), policy, len(after), policy, workflow, document]
             rows = _children(using, cursor, params)
+            # A parent that finished while the statement waited for its lock moved into
+            # the history, out of that statement's sight: the next statement sees it there.
+            retries = 3
+            while len(rows) != end - start and retries and not _missing(cursor, after):
+                rows = _children(using, cursor, params)
+                retries -= 1
             if len(rows) != end - start:
                 missing = _missing(cursor, after)
                 raise ValueError(

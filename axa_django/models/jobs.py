@@ -327,6 +327,13 @@ class Job(models.Model):
             models.Index(
                 fields=["workflow_id"], name="axa_queue_workflow", condition=models.Q(workflow_id__isnull=False)
             ),
+            # Rows with workflow edges, found in a history table about to be dropped
+            # (history.LINKED) without reading the whole table.
+            models.Index(
+                fields=["id"],
+                name="axa_queue_linked",
+                condition=models.Q(has_children=True) | models.Q(on_parent_failure__isnull=False),
+            ),
             # Serve the health figures (jobhealth, metrics, the live dashboard): queued rows
             # per queue oldest first, and rows finished in the last minutes. "attempts >= 0"
             # is in no claim, so the planner cannot take this index for one (it would

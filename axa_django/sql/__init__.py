@@ -47,25 +47,53 @@ from .claims import (
 
 # Record outcomes; a row is only written while still running under this worker. The
 # batch comes as one JSON array (execution.finish), a single parameter to send: the
-# result nested as {"v": ...} so that a JSON null stays a JSON null. A job with
+# result nested as {"v": ...} so that a JSON null stays a JSON null. A finished row
+# moves into the history (migration 0010): deleted from axa_queue and inserted into
+# axa_history, which writes fewer index entries than updating it in place, and leaves
+# the claims' table only the rows still to run. A retry stays in place. A job with
 # children is left out: dependencies.finish_parents writes it and settles its children
 # in one transaction (FINISH_PARENTS), so a childless job costs nothing more.
-FINISH = """
-UPDATE axa_queue q
-SET status = v.status,
-    error = CASE WHEN v.status = 'completed' THEN q.error ELSE v.error END,
-    result = v.result -> 'v',
-    errors = CASE WHEN v.entry IS NULL THEN q.errors ELSE q.errors || jsonb_build_array(v.entry) END,
-    run_at = CASE WHEN v.status = 'queued' THEN now() + make_interval(secs => v.delay) ELSE q.run_at END,
-    started_at = CASE WHEN v.status = 'queued' THEN NULL ELSE COALESCE(q.started_at, to_timestamp(v.started)) END,
-    worker_id = CASE WHEN v.status = 'queued' THEN NULL ELSE q.worker_id END,
-    finished_at = CASE WHEN v.status = 'queued' THEN NULL ELSE now() END,
-    updated_at = now()
-FROM jsonb_to_recordset(%(outcomes)s::jsonb)
-    AS v(id uuid, status text, error text, result jsonb, entry jsonb, delay float8, started float8)
-WHERE q.id = v.id AND q.status || '' = 'running' AND q.worker_id IS NOT DISTINCT FROM %(worker)s
+HISTORY_COLUMNS = (
+    "id, name, args, status, error, run_at, started_at, created_at, updated_at, queue, priority, attempts, "
+    "max_attempts, worker_id, finished_at, errors, result, unique_key, cancel_requested, backend, timeout, "
+    "concurrency_key, rate_key, has_children, on_parent_failure, pending_parents, workflow_id, trace_context, "
+    "losses, max_losses"
+)
+FINISH = f"""
+WITH v AS MATERIALIZED (
+    SELECT * FROM jsonb_to_recordset(%(outcomes)s::jsonb)
+        AS v(id uuid, status text, error text, result jsonb, entry jsonb, delay float8, started float8)
+), gone AS (
+    DELETE FROM ONLY axa_queue q USING v
+    WHERE q.id = v.id AND v.status <> 'queued' AND q.status || '' = 'running'
+      AND q.worker_id IS NOT DISTINCT FROM %(worker)s
   AND NOT q.has_children
-RETURNING q.id, set_config('synchronous_commit', 'off', true)
+    RETURNING q.*, v.status AS v_status, v.error AS v_error, v.result AS v_result, v.entry AS v_entry,
+        v.started AS v_started
+), moved AS (
+    INSERT INTO axa_history ({HISTORY_COLUMNS})
+    SELECT id, name, args, v_status, CASE WHEN v_status = 'completed' THEN error ELSE v_error END, run_at,
+        COALESCE(started_at, to_timestamp(v_started)), created_at, now(), queue, priority, attempts,
+        max_attempts, worker_id, now(),
+        CASE WHEN v_entry IS NULL THEN errors ELSE errors || jsonb_build_array(v_entry) END,
+        v_result -> 'v', unique_key, cancel_requested, backend, timeout, concurrency_key, rate_key,
+        has_children, on_parent_failure, pending_parents, workflow_id, trace_context, losses, max_losses
+    FROM gone
+    RETURNING id
+), retried AS (
+    UPDATE ONLY axa_queue q
+    SET status = 'queued', error = v.error, result = v.result -> 'v',
+        errors = CASE WHEN v.entry IS NULL THEN q.errors ELSE q.errors || jsonb_build_array(v.entry) END,
+        run_at = now() + make_interval(secs => v.delay), started_at = NULL, worker_id = NULL,
+        finished_at = NULL, updated_at = now()
+    FROM v
+    WHERE q.id = v.id AND v.status = 'queued' AND q.status || '' = 'running'
+      AND q.worker_id IS NOT DISTINCT FROM %(worker)s
+  AND NOT q.has_children
+    RETURNING q.id
+)
+SELECT id, set_config('synchronous_commit', 'off', true) FROM moved
+UNION ALL SELECT id, set_config('synchronous_commit', 'off', true) FROM retried
 """
 
 REGISTER = """
@@ -82,7 +110,7 @@ ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 HEARTBEAT = """
 WITH beat AS (UPDATE axa_worker SET heartbeat_at = now() WHERE id = %(worker)s RETURNING id)
 SELECT (SELECT count(*) FROM beat),
-       ARRAY(SELECT id FROM axa_queue
+       ARRAY(SELECT id FROM ONLY axa_queue
              WHERE id = ANY(%(ids)s::uuid[]) AND worker_id IS NOT DISTINCT FROM %(worker)s
                AND status || '' = 'running' AND cancel_requested),
        set_config('synchronous_commit', 'off', true)
@@ -107,7 +135,7 @@ WITH dead AS (
         LEAST(q.losses, 2147483646) + CASE WHEN q.worker_id IS NOT NULL AND q.started_at IS NULL THEN 0 ELSE 1 END
             AS losses,
         COALESCE(q.max_losses, %(max_losses)s) AS allowed
-    FROM axa_queue q
+    FROM ONLY axa_queue q
     WHERE q.status = 'running' AND (
         (q.worker_id IS NOT NULL AND (
             q.worker_id IN (SELECT id FROM dead)
@@ -115,7 +143,7 @@ WITH dead AS (
         OR (q.worker_id IS NULL AND q.started_at < now() - make_interval(mins => %(stale)s)))
     FOR UPDATE OF q SKIP LOCKED
 )
-UPDATE axa_queue q
+UPDATE ONLY axa_queue q
 SET status = CASE WHEN lost.spent THEN 'failed' ELSE 'queued' END,
     started_at = CASE WHEN lost.spent THEN q.started_at END,
     worker_id = CASE WHEN lost.spent THEN q.worker_id END,
@@ -146,7 +174,7 @@ RETURNING q.id, q.status
 # A queued row whose run_at is 'infinity' can never become due: fail it, saying why,
 # and give it a finite run_at so that every reader of the row can load it.
 FAIL_NEVER_DUE = """
-UPDATE axa_queue
+UPDATE ONLY axa_queue
 SET status = 'failed', run_at = now(), finished_at = now(), updated_at = now(),
     error = 'NeverDue: run_at was ''infinity'', so this job could never run; enqueue it again with a real time',
     errors = errors || jsonb_build_array(jsonb_build_object(
@@ -158,7 +186,7 @@ RETURNING id
 
 # Give back jobs this worker will not finish (hard shutdown).
 RELEASE = """
-UPDATE axa_queue
+UPDATE ONLY axa_queue
 SET status = 'queued', started_at = NULL, worker_id = NULL, run_at = now(), updated_at = now(),
     errors = errors || jsonb_build_array(jsonb_build_object(
         'attempt', attempts, 'at', now(), 'worker', worker_id, 'type', 'Interrupted',
@@ -174,10 +202,10 @@ WHERE id = ANY(%(ids)s::uuid[]) AND status || '' = 'running' AND worker_id IS NO
 # its own transaction (COMPLETE_SELF) holds its row until that commits, and writes
 # started_at itself; the dispatcher must not stop claiming behind it.
 MARK_STARTED = """
-UPDATE axa_queue q SET started_at = to_timestamp(v.at)
+UPDATE ONLY axa_queue q SET started_at = to_timestamp(v.at)
 FROM unnest(%(ids)s::uuid[], %(at)s::float8[]) AS v(id, at)
 WHERE q.id = v.id AND q.id = ANY(ARRAY(
-    SELECT l.id FROM axa_queue l
+    SELECT l.id FROM ONLY axa_queue l
     WHERE l.id = ANY(%(ids)s::uuid[]) AND l.status || '' = 'running' AND l.worker_id IS NOT DISTINCT FROM %(worker)s
       AND l.started_at IS NULL
     FOR UPDATE SKIP LOCKED
@@ -190,7 +218,7 @@ RETURNING set_config('synchronous_commit', 'off', true)
 # workers' floors (worker/lanes.py): the notification makes them walk from the start.
 UNCLAIM = """
 WITH given AS (
-    UPDATE axa_queue
+    UPDATE ONLY axa_queue
     SET status = 'queued', started_at = NULL, worker_id = NULL, attempts = GREATEST(attempts - 1, 0),
         updated_at = now()
     WHERE id = ANY(%(ids)s::uuid[]) AND status || '' = 'running' AND worker_id IS NOT DISTINCT FROM %(worker)s
@@ -229,20 +257,20 @@ TIMEOUTS = (
 # no live worker covers are counted through the same index, at most %(cap)s.
 UNHANDLED = """
 WITH RECURSIVE names AS (
-    (SELECT 1 AS n, queue, name, backend IS NOT NULL AS task FROM axa_queue
+    (SELECT 1 AS n, queue, name, backend IS NOT NULL AS task FROM ONLY axa_queue
      WHERE status BETWEEN 'queued' AND 'queued' ORDER BY queue, name, priority DESC, run_at LIMIT 1)
     UNION ALL
     SELECT p.n + 1, x.queue, x.name, x.task FROM names p CROSS JOIN LATERAL (
-        SELECT queue, name, backend IS NOT NULL AS task FROM axa_queue
+        SELECT queue, name, backend IS NOT NULL AS task FROM ONLY axa_queue
         WHERE status BETWEEN 'queued' AND 'queued' AND (queue, name) > (p.queue, p.name)
         ORDER BY queue, name, priority DESC, run_at LIMIT 1
     ) AS x WHERE p.n < %(pairs)s
 ), backends AS (
-    (SELECT 1 AS n, queue, backend FROM axa_queue
+    (SELECT 1 AS n, queue, backend FROM ONLY axa_queue
      WHERE status BETWEEN 'queued' AND 'queued' AND backend IS NOT NULL ORDER BY queue, backend LIMIT 1)
     UNION ALL
     SELECT p.n + 1, x.queue, x.backend FROM backends p CROSS JOIN LATERAL (
-        SELECT queue, backend FROM axa_queue
+        SELECT queue, backend FROM ONLY axa_queue
         WHERE status BETWEEN 'queued' AND 'queued' AND backend IS NOT NULL AND (queue, backend) > (p.queue, p.backend)
         ORDER BY queue, backend LIMIT 1
     ) AS x WHERE p.n < %(pairs)s
@@ -252,7 +280,7 @@ WITH RECURSIVE names AS (
 ), found AS (
     SELECT p.name, NULL::text AS backend, p.queue, (
         SELECT count(*) FROM (
-            SELECT 1 FROM axa_queue q
+            SELECT 1 FROM ONLY axa_queue q
             WHERE q.status BETWEEN 'queued' AND 'queued' AND q.queue = p.queue AND q.name = p.name AND q.run_at <= now()
             LIMIT %(cap)s) AS c) AS ready
     FROM names p
@@ -261,7 +289,7 @@ WITH RECURSIVE names AS (
     UNION ALL
     SELECT NULL, p.backend, p.queue, (
         SELECT count(*) FROM (
-            SELECT 1 FROM axa_queue q
+            SELECT 1 FROM ONLY axa_queue q
             WHERE q.status BETWEEN 'queued' AND 'queued' AND q.backend IS NOT NULL AND q.queue = p.queue
               AND q.backend = p.backend AND q.run_at <= now()
             LIMIT %(cap)s) AS c)
@@ -313,7 +341,7 @@ assert FINISH_PARENTS != FINISH, "FINISH lost its no-children guard"
 # so a worker that lost the row (rescued, deleted) completes nothing and a completed row
 # cannot be completed again. No synchronous_commit here: the transaction is the job's.
 COMPLETE_SELF = """
-UPDATE axa_queue
+UPDATE ONLY axa_queue
 SET status = 'completed', result = %(result)s::jsonb, finished_at = now(), updated_at = now(),
     started_at = COALESCE(started_at, to_timestamp(%(started)s))
 WHERE id = %(id)s AND status || '' = 'running' AND worker_id IS NOT DISTINCT FROM %(worker)s

@@ -42,7 +42,7 @@ RETURNING q.id, q.name, q.args::text, q.attempts, q.max_attempts, q.backend, q.s
     q.priority, q.run_at, set_config('synchronous_commit', 'off', true), q.timeout, now()
 """
 CLAIM = f"""
-UPDATE axa_queue q{CLAIMED}
+UPDATE ONLY axa_queue q{CLAIMED}
 WHERE q.id = ANY(ARRAY(
     SELECT c.id FROM ({{walks}}) AS c
     ORDER BY c.priority DESC, c.run_at
@@ -68,7 +68,7 @@ CLAIM_LANES = _SNAPPED.replace("{claim}", CLAIM.replace("{walks}", "{lane_walks}
 _NAME_WALK = """
     SELECT c.id, c.priority, c.run_at FROM unnest({names}::text[]) AS n(name)
     CROSS JOIN LATERAL (
-        SELECT id, priority, run_at FROM axa_queue
+        SELECT id, priority, run_at FROM ONLY axa_queue
         WHERE status BETWEEN 'queued' AND 'queued' AND name = n.name AND backend IS NULL AND run_at <= now() {queue}
         ORDER BY priority DESC, run_at
         LIMIT %(limit)s
@@ -77,7 +77,7 @@ _NAME_WALK = """
 _BACKEND_WALK = """
     SELECT t.id, t.priority, t.run_at FROM unnest({backends}::text[]) AS b(backend)
     CROSS JOIN LATERAL (
-        SELECT id, priority, run_at FROM axa_queue
+        SELECT id, priority, run_at FROM ONLY axa_queue
         WHERE status BETWEEN 'queued' AND 'queued' AND backend = b.backend AND run_at <= now() {queue}
         ORDER BY priority DESC, run_at
         LIMIT %(limit)s
@@ -93,7 +93,7 @@ _LANE_WALK = """
     SELECT c.id, c.priority, c.run_at
     FROM unnest({lane_names}::text[], {lane_priorities}::int[], %(floors)s::timestamptz[]) AS l(name, priority, floor)
     CROSS JOIN LATERAL (
-        SELECT id, priority, run_at FROM axa_queue
+        SELECT id, priority, run_at FROM ONLY axa_queue
         WHERE status BETWEEN 'queued' AND 'queued' AND name = l.name AND priority = l.priority AND backend IS NULL
           AND run_at >= l.floor AND run_at <= now() {queue}
         ORDER BY priority DESC, run_at
@@ -104,7 +104,7 @@ _GAP_WALK = """
     SELECT c.id, c.priority, c.run_at
     FROM unnest({gap_names}::text[], {gap_above}::int8[], {gap_below}::int8[]) AS g(name, above, below)
     CROSS JOIN LATERAL (
-        SELECT id, priority, run_at FROM axa_queue
+        SELECT id, priority, run_at FROM ONLY axa_queue
         WHERE status BETWEEN 'queued' AND 'queued' AND name = g.name AND priority > g.above AND priority < g.below
           AND backend IS NULL AND run_at <= now() {queue}
         ORDER BY priority DESC, run_at
@@ -121,7 +121,7 @@ _LOOK_WALK = """
     SELECT c.run_at
     FROM unnest({lane_names}::text[], {lane_priorities}::int[], %(floors)s::timestamptz[]) AS l(name, priority, floor)
     CROSS JOIN LATERAL (
-        SELECT run_at FROM axa_queue
+        SELECT run_at FROM ONLY axa_queue
         WHERE status BETWEEN 'queued' AND 'queued' AND name = l.name AND priority = l.priority AND backend IS NULL
           AND run_at < l.floor AND run_at <= now() {queue}
         ORDER BY priority DESC, run_at
@@ -132,7 +132,7 @@ LOOK_BEHIND = "SELECT min(run_at) FROM ({look_walks}) AS behind"
 # Seconds until the earliest future job this worker could run, or NULL; capped at a
 # day so that a row with run_at = 'infinity' cannot make an infinite wait.
 NEXT_RUN = """
-SELECT extract(epoch FROM LEAST(min(run_at), now() + interval '1 day') - now())::float8 FROM axa_queue
+SELECT extract(epoch FROM LEAST(min(run_at), now() + interval '1 day') - now())::float8 FROM ONLY axa_queue
 WHERE status = 'queued' AND run_at > now() {queue_filter} {paused}
   AND ((backend IS NULL AND name = ANY({names}::text[])) OR backend = ANY({backends}::text[]))
 """

@@ -96,12 +96,12 @@ _FREE_PAIRS = """
 _PAIR_WALK = """
     SELECT n.name, n.cap, w.key FROM unnest({limited}::text[], {caps}) AS n(name, cap) CROSS JOIN LATERAL (
         WITH RECURSIVE walk AS (
-            (SELECT 1 AS i, {column} AS key FROM axa_queue
+            (SELECT 1 AS i, {column} AS key FROM ONLY axa_queue
              WHERE status = 'queued' AND {column} IS NOT NULL AND name = n.name AND {column} {start}
              ORDER BY {column} LIMIT 1)
             UNION ALL
             SELECT p.i + 1, x.key FROM walk p CROSS JOIN LATERAL (
-                SELECT {column} AS key FROM axa_queue
+                SELECT {column} AS key FROM ONLY axa_queue
                 WHERE status = 'queued' AND {column} IS NOT NULL AND name = n.name AND {column} > p.key
                   {end}
                 ORDER BY {column} LIMIT 1
@@ -127,7 +127,7 @@ def _lock(namespace: int, name: str, key: str) -> str:
     return f"pg_try_advisory_xact_lock({namespace}, hashtext({name} || E'\\x1f' || {key}))"
 
 
-_BUSY = """(SELECT count(*) FROM axa_queue r
+_BUSY = """(SELECT count(*) FROM ONLY axa_queue r
         WHERE r.status = 'running' AND r.concurrency_key = {key} AND r.name = {name})"""
 # The walk is referenced twice, so it is computed once, whole (at most %(reach)s pairs
 # a name). The key to start the next claim from: the last one rows were picked from,
@@ -138,11 +138,11 @@ WITH walked AS ({_FREE_PAIRS}
     SELECT c.id, walked.name, walked.key, walked.cap, c.priority, c.run_at, walked.step AS n
     FROM walked
     CROSS JOIN LATERAL (
-        SELECT count(*) AS busy FROM axa_queue r
+        SELECT count(*) AS busy FROM ONLY axa_queue r
         WHERE r.status = 'running' AND r.concurrency_key = walked.key AND r.name = walked.name
     ) AS b
     CROSS JOIN LATERAL (
-        SELECT id, priority, run_at FROM axa_queue
+        SELECT id, priority, run_at FROM ONLY axa_queue
         WHERE status = 'queued' AND concurrency_key = walked.key AND name = walked.name AND run_at <= now()
           {{queue_filter}} {{paused}}
         ORDER BY priority DESC, run_at
@@ -163,7 +163,7 @@ SELECT set_config('axa.picked', COALESCE((SELECT jsonb_agg(to_jsonb(picked)) FRO
 # LIMITED_PICK holds them locked. Joined instead, a generic plan made while the
 # statistics said nothing was queued walked every queued row against the picked ones.
 CLAIM_LIMITED = f"""
-UPDATE axa_queue q{CLAIMED}
+UPDATE ONLY axa_queue q{CLAIMED}
 WHERE q.id = ANY(ARRAY(
     SELECT id FROM (
         SELECT p.id, p.cap - {_BUSY.format(key="p.key", name="p.name")} AS free,
@@ -201,7 +201,7 @@ WITH state AS (
     LEFT JOIN axa_rate_bucket b ON b.name = p.name AND b.key = p.key
 ), picked AS MATERIALIZED (
     SELECT c.id, s.name, s.key, s.step FROM state s CROSS JOIN LATERAL (
-        SELECT id, priority, run_at FROM axa_queue
+        SELECT id, priority, run_at FROM ONLY axa_queue
         WHERE status = 'queued' AND rate_key = s.key AND name = s.name AND run_at <= now()
           {queue_filter} {paused}
         ORDER BY priority DESC, run_at
@@ -210,7 +210,7 @@ WITH state AS (
     ) AS c
     LIMIT %(limit)s
 ), claimed AS (
-    UPDATE axa_queue q
+    UPDATE ONLY axa_queue q
     SET status = 'running', started_at = now(), updated_at = now(),
         attempts = LEAST(q.attempts, 2147483646) + 1, worker_id = %(worker)s, cancel_requested = false,
         run_at = CASE WHEN q.run_at = '-infinity' THEN now() ELSE q.run_at END
@@ -238,8 +238,8 @@ WHERE b.tat > now()
 # Rows of limited jobs written without a key get the job's shared key ('');
 # housekeeping, at most 1,000 rows a time.
 ADOPT_UNKEYED = """
-UPDATE axa_queue SET {column} = '' WHERE id = ANY(ARRAY(
-    SELECT id FROM axa_queue WHERE status = 'queued' AND name = ANY(%(names)s::text[]) AND {column} IS NULL
+UPDATE ONLY axa_queue SET {column} = '' WHERE id = ANY(ARRAY(
+    SELECT id FROM ONLY axa_queue WHERE status = 'queued' AND name = ANY(%(names)s::text[]) AND {column} IS NULL
     LIMIT 1000 FOR UPDATE SKIP LOCKED
 ))
 RETURNING id

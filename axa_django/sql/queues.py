@@ -38,7 +38,7 @@ SELECT set_config('axa.queues', COALESCE((
 _QUEUE_WALKS = """
             SELECT c.id, c.priority, c.run_at FROM unnest({names}::text[]) AS n(name)
             CROSS JOIN LATERAL (
-                SELECT id, priority, run_at FROM axa_queue
+                SELECT id, priority, run_at FROM ONLY axa_queue
                 WHERE status BETWEEN 'queued' AND 'queued' AND queue = f.queue AND name = n.name AND backend IS NULL
                   AND run_at <= now()
                 ORDER BY priority DESC, run_at
@@ -48,7 +48,7 @@ _QUEUE_WALKS = """
             UNION ALL
             SELECT t.id, t.priority, t.run_at FROM unnest({backends}::text[]) AS b(backend)
             CROSS JOIN LATERAL (
-                SELECT id, priority, run_at FROM axa_queue
+                SELECT id, priority, run_at FROM ONLY axa_queue
                 WHERE status BETWEEN 'queued' AND 'queued' AND queue = f.queue AND backend = b.backend
                   AND run_at <= now()
                 ORDER BY priority DESC, run_at
@@ -59,12 +59,12 @@ _QUEUE_WALKS = """
 # Rows of a limited queue are claimed for free threads only (%(ahead)s is false): a row
 # waiting in a worker would hold one of the fleet's few slots.
 QUEUE_CLAIM = f"""
-UPDATE axa_queue q{CLAIMED}
+UPDATE ONLY axa_queue q{CLAIMED}
 WHERE q.id = ANY(ARRAY(
     SELECT c.id FROM jsonb_array_elements(current_setting('axa.queues')::jsonb) AS l(v)
     CROSS JOIN LATERAL (
         SELECT l.v ->> 0 AS queue, GREATEST((l.v ->> 1)::int - (
-            SELECT count(*) FROM axa_queue r WHERE r.status = 'running' AND r.queue = l.v ->> 0)::int, 0) AS free
+            SELECT count(*) FROM ONLY axa_queue r WHERE r.status = 'running' AND r.queue = l.v ->> 0)::int, 0) AS free
     ) AS f
     CROSS JOIN LATERAL (
         SELECT w.id, w.priority, w.run_at FROM ({_QUEUE_WALKS}
