@@ -1,7 +1,7 @@
 """Retention by table: close the history table every RETENTION / 4, drop closed ones past RETENTION.
 
-Finished jobs live in ``axa_history``, a table inheriting ``axa_queue`` (migration
-0010). Closing renames it ``axa_history_<number>`` and gives its name to a table made
+Finished jobs live in ``axa_history``, a table inheriting ``axa_queue`` (the initial
+migration). Closing renames it ``axa_history_<number>`` and gives its name to a table made
 beforehand (``axa_history_next``), in one short transaction: a rename waits for the
 statements using the table and holds the finishes back while it runs, so everything
 slow (creating the table and its indexes) happens before it. A closed table is dropped
@@ -17,9 +17,10 @@ from typing import Any
 
 from .pruning import DELETE_LINKS
 
-# A rename queues behind the statements using the table and holds new ones back while
-# it waits: it gives up soon rather than stall the finishes.
-RENAME_LOCK_TIMEOUT = "100ms"
+# A rename or a drop queues behind the statements using the table and holds new ones
+# back while it waits (the finishes for a rename, readers of axa_queue that read the
+# history for a drop): it gives up soon, to try again at the next round.
+LOCK_TIMEOUT = "100ms"
 
 NEXT = "axa_history_next"
 CURRENT = "axa_history"
@@ -67,7 +68,7 @@ def close(cursor: Any, period: datetime.timedelta) -> int | None:
     current, following = cursor.fetchone()
     if current is None or following is None:
         return None
-    cursor.execute("SELECT set_config('lock_timeout', %s, true)", [RENAME_LOCK_TIMEOUT])
+    cursor.execute("SELECT set_config('lock_timeout', %s, true)", [LOCK_TIMEOUT])
     cursor.execute(f"ALTER TABLE {CURRENT} RENAME TO {_name(current)}")
     cursor.execute(f"ALTER TABLE {NEXT} RENAME TO {CURRENT}")
     cursor.execute("UPDATE axa_history_part SET closed_at = now() WHERE number = %s", [current])
@@ -91,6 +92,7 @@ def drop(cursor: Any, retention: datetime.timedelta) -> int | None:
     if cursor.fetchone()[0]:
         cursor.execute(LINKED.format(table=table))
         linked, groups = cursor.fetchone()
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [LOCK_TIMEOUT])
         cursor.execute(f"DROP TABLE {table}")
         if linked or groups:
             cursor.execute(DELETE_LINKS, {"ids": linked or [], "groups": groups or []})

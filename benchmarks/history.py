@@ -7,9 +7,9 @@ times each read or write ``--reps`` times on a small history (``--base-rows`` fi
 jobs: enough that every admin page shows a full page), then again after ``--rows`` of
 them (95% completed, 5% failed, spread over 30 days), the table vacuumed and analyzed
 each time as autovacuum would. A backlog of ``--ready`` ready
-jobs stands in both runs. The finished rows go where finished jobs live (``axa_history``,
-migration 0010). Last, retention: the history table is closed and dropped whole, as
-RETENTION does (history.py), and its time printed. Figures are printed, never asserted.
+jobs stands in both runs. The finished rows go where finished jobs live (``axa_history``).
+Last, retention: the history table is closed and dropped whole, as RETENTION does
+(axa_django/history.py), and its time printed. Figures are printed, never asserted.
 """
 
 from __future__ import annotations

@@ -349,7 +349,7 @@ WORKER_UNIT = "# /etc/systemd/system/shop-worker@.service  (systemctl enable --n
 DEPLOY_STEP = "systemctl start shop-migrate.service && systemctl restart 'shop-worker@*.service'"
 NOT_MIGRATED = "CommandError: the queue tables do not exist in database 'shop': run python manage.py migrate first"
 HALF_MIGRATED = (
-    "CommandError: database 'shop' lacks migration(s) 0005_losses of axa_django, which this version needs: "
+    "CommandError: database 'shop' lacks migration(s) 0001_initial of axa_django, which this version needs: "
     "run python manage.py migrate first"
 )
 KUBERNETES = "# shop-worker.yaml  (kubectl apply -f shop-worker.yaml, once per release)"

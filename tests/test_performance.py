@@ -60,7 +60,7 @@ def test_the_seeds_ready_index_serves_the_oldest_ready_job():
 def test_claims_and_finishes_write_no_entry_in_the_admins_status_index():
     def size() -> int:
         with connection.cursor() as cursor:
-            # axa_queue's, and the history's copy (a finished row moves there: migration 0010).
+            # axa_queue's, and the history's copy (a finished row moves there: history.py).
             cursor.execute(
                 "SELECT sum(pg_relation_size(indexrelid)) FROM pg_index JOIN pg_class c ON c.oid = indexrelid "
                 "WHERE c.relname ~ '^axa_(queue|history_[0-9]+)_status$'"

@@ -3,7 +3,7 @@
 Active only when ``opentelemetry-api`` is installed (the ``tracing`` extra) and the
 project has set a tracer provider (its SDK); otherwise enqueue and the worker run
 exactly as without it, with no extra statement. The context is the W3C carrier
-(``traceparent``, ``tracestate``) as jsonb in ``axa_queue.trace_context`` (0002_ops): a
+(``traceparent``, ``tracestate``) as jsonb in ``axa_queue.trace_context``: a
 column of its own, so that the seed's statements and the job's args are untouched.
 """
 

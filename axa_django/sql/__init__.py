@@ -48,7 +48,7 @@ from .claims import (
 # Record outcomes; a row is only written while still running under this worker. The
 # batch comes as one JSON array (execution.finish), a single parameter to send: the
 # result nested as {"v": ...} so that a JSON null stays a JSON null. A finished row
-# moves into the history (migration 0010): deleted from axa_queue and inserted into
+# moves into the history (history.py): deleted from axa_queue and inserted into
 # axa_history, which writes fewer index entries than updating it in place, and leaves
 # the claims' table only the rows still to run. A retry stays in place. A job with
 # children is left out: dependencies.finish_parents writes it and settles its children

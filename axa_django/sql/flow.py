@@ -13,7 +13,7 @@ from .claims import CLAIM_RETURNING, CLAIMED
 # CLAIM of sql.py unchanged. Four statements in one pipeline (one round trip;
 # worker/limited.py), in two transactions:
 # - FOLD brings axa_flow_key's per-pair counts of queued and running rows up to date:
-#   the triggers of migration 0006 write each change of a keyed row as a delta,
+#   the triggers of the initial migration write each change of a keyed row as a delta,
 #   insert-only, and every claim folds those not folded yet into the pairs, locked in
 #   (name, key) order. Its own transaction, so that the counters are locked for one
 #   statement only.
