@@ -238,3 +238,18 @@ def test_values_the_orm_would_never_write_survive_the_move() -> None:
     assert moved.result == {"n": 10**30} and moved.args["a"]["deep"] == [[[[1]]]]
     assert moved.error == "'; DROP TABLE axa_queue; -- %s {0}"
     assert where() == {"axa_history": 1}
+
+
+def test_every_history_table_has_every_index_of_axa_queue() -> None:
+    # The migration's first history table too: made after axa_queue's indexes, not before
+    # the migration's deferred ones (a table without them read by sequential scans).
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT i.inhrelid::regclass::text, (SELECT count(*) FROM pg_index x WHERE x.indrelid = i.inhrelid) "
+            "FROM pg_inherits i WHERE i.inhparent = 'axa_queue'::regclass"
+        )
+        children = dict(cursor.fetchall())
+        cursor.execute("SELECT count(*) FROM pg_index WHERE indrelid = 'axa_queue'::regclass")
+        parent = cursor.fetchone()[0]
+    assert "axa_history" in children and parent >= 18
+    assert children == dict.fromkeys(children, parent)

@@ -451,109 +451,145 @@ class Migration(migrations.Migration):
                 "db_table": "axa_queue",
                 "ordering": ["-created_at"],
                 "permissions": [("retry_job", "Can retry job"), ("cancel_job", "Can cancel job")],
-                "indexes": [
-                    models.Index(condition=models.Q(("status", "queued")), fields=["run_at"], name="axa_queue_ready"),
-                    models.Index(
-                        models.F("name"),
-                        models.OrderBy(models.F("priority"), descending=True),
-                        models.F("run_at"),
-                        condition=models.Q(("status__gte", "queued"), ("status__lte", "queued")),
-                        name="axa_queue_claim",
-                    ),
-                    models.Index(
-                        models.F("backend"),
-                        models.OrderBy(models.F("priority"), descending=True),
-                        models.F("run_at"),
-                        condition=models.Q(
-                            ("status__gte", "queued"), ("status__lte", "queued"), ("backend__isnull", False)
-                        ),
-                        name="axa_queue_claim_task",
-                    ),
-                    models.Index(
-                        models.F("queue"),
-                        models.F("name"),
-                        models.OrderBy(models.F("priority"), descending=True),
-                        models.F("run_at"),
-                        condition=models.Q(("status__gte", "queued"), ("status__lte", "queued")),
-                        name="axa_queue_claim_queue",
-                    ),
-                    models.Index(
-                        models.F("queue"),
-                        models.F("backend"),
-                        models.OrderBy(models.F("priority"), descending=True),
-                        models.F("run_at"),
-                        condition=models.Q(
-                            ("status__gte", "queued"), ("status__lte", "queued"), ("backend__isnull", False)
-                        ),
-                        name="axa_queue_claim_task_queue",
-                    ),
-                    models.Index(
-                        condition=models.Q(("status", "running")), fields=["worker_id"], name="axa_queue_running"
-                    ),
-                    models.Index(
-                        condition=models.Q(("status__in", ["queued", "running", "completed"]), _negated=True),
-                        fields=["status", "-created_at"],
-                        name="axa_queue_status",
-                    ),
-                    models.Index(fields=["-created_at"], name="axa_queue_created"),
-                    models.Index(
-                        models.OrderBy(models.F("finished_at"), descending=True),
-                        models.OrderBy(models.F("id"), descending=True),
-                        condition=models.Q(("status", "failed")),
-                        name="axa_queue_failed",
-                    ),
-                    models.Index(
-                        models.F("name"),
-                        models.F("concurrency_key"),
-                        models.OrderBy(models.F("priority"), descending=True),
-                        models.F("run_at"),
-                        condition=models.Q(("concurrency_key__isnull", False), ("status", "queued")),
-                        name="axa_queue_claim_limited",
-                    ),
-                    models.Index(
-                        condition=models.Q(("concurrency_key__isnull", False), ("status", "running")),
-                        fields=["name", "concurrency_key"],
-                        name="axa_queue_limited_running",
-                    ),
-                    models.Index(
-                        models.F("name"),
-                        models.F("rate_key"),
-                        models.OrderBy(models.F("priority"), descending=True),
-                        models.F("run_at"),
-                        condition=models.Q(("rate_key__isnull", False), ("status", "queued")),
-                        name="axa_queue_claim_rated",
-                    ),
-                    models.Index(
-                        condition=models.Q(("workflow_id__isnull", False)),
-                        fields=["workflow_id"],
-                        name="axa_queue_workflow",
-                    ),
-                    models.Index(
-                        condition=models.Q(
-                            ("has_children", True), ("on_parent_failure__isnull", False), _connector="OR"
-                        ),
-                        fields=["id"],
-                        name="axa_queue_linked",
-                    ),
-                    models.Index(
-                        condition=models.Q(("attempts__gte", 0), ("status", "queued")),
-                        fields=["queue", "run_at"],
-                        name="axa_queue_ready_queue",
-                    ),
-                    models.Index(
-                        condition=models.Q(("finished_at__isnull", False)),
-                        fields=["finished_at"],
-                        name="axa_queue_finished",
-                    ),
-                ],
-                "constraints": [
-                    models.UniqueConstraint(
-                        condition=models.Q(("status__in", ["queued", "running"]), ("unique_key__isnull", False)),
-                        fields=("name", "unique_key"),
-                        name="axa_queue_unique",
-                    )
-                ],
             },
+        ),
+        # Made one by one, not deferred to the migration's end: the history table made
+        # below copies axa_queue's indexes.
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(condition=models.Q(("status", "queued")), fields=["run_at"], name="axa_queue_ready"),
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                models.F("name"),
+                models.OrderBy(models.F("priority"), descending=True),
+                models.F("run_at"),
+                condition=models.Q(("status__gte", "queued"), ("status__lte", "queued")),
+                name="axa_queue_claim",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                models.F("backend"),
+                models.OrderBy(models.F("priority"), descending=True),
+                models.F("run_at"),
+                condition=models.Q(("status__gte", "queued"), ("status__lte", "queued"), ("backend__isnull", False)),
+                name="axa_queue_claim_task",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                models.F("queue"),
+                models.F("name"),
+                models.OrderBy(models.F("priority"), descending=True),
+                models.F("run_at"),
+                condition=models.Q(("status__gte", "queued"), ("status__lte", "queued")),
+                name="axa_queue_claim_queue",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                models.F("queue"),
+                models.F("backend"),
+                models.OrderBy(models.F("priority"), descending=True),
+                models.F("run_at"),
+                condition=models.Q(("status__gte", "queued"), ("status__lte", "queued"), ("backend__isnull", False)),
+                name="axa_queue_claim_task_queue",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("status", "running")), fields=["worker_id"], name="axa_queue_running"
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("status__in", ["queued", "running", "completed"]), _negated=True),
+                fields=["status", "-created_at"],
+                name="axa_queue_status",
+            ),
+        ),
+        migrations.AddIndex(model_name="job", index=models.Index(fields=["-created_at"], name="axa_queue_created")),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                models.OrderBy(models.F("finished_at"), descending=True),
+                models.OrderBy(models.F("id"), descending=True),
+                condition=models.Q(("status", "failed")),
+                name="axa_queue_failed",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                models.F("name"),
+                models.F("concurrency_key"),
+                models.OrderBy(models.F("priority"), descending=True),
+                models.F("run_at"),
+                condition=models.Q(("concurrency_key__isnull", False), ("status", "queued")),
+                name="axa_queue_claim_limited",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("concurrency_key__isnull", False), ("status", "running")),
+                fields=["name", "concurrency_key"],
+                name="axa_queue_limited_running",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                models.F("name"),
+                models.F("rate_key"),
+                models.OrderBy(models.F("priority"), descending=True),
+                models.F("run_at"),
+                condition=models.Q(("rate_key__isnull", False), ("status", "queued")),
+                name="axa_queue_claim_rated",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("workflow_id__isnull", False)), fields=["workflow_id"], name="axa_queue_workflow"
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("has_children", True), ("on_parent_failure__isnull", False), _connector="OR"),
+                fields=["id"],
+                name="axa_queue_linked",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("attempts__gte", 0), ("status", "queued")),
+                fields=["queue", "run_at"],
+                name="axa_queue_ready_queue",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("finished_at__isnull", False)), fields=["finished_at"], name="axa_queue_finished"
+            ),
+        ),
+        migrations.AddConstraint(
+            model_name="job",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("status__in", ["queued", "running"]), ("unique_key__isnull", False)),
+                fields=("name", "unique_key"),
+                name="axa_queue_unique",
+            ),
         ),
         migrations.CreateModel(
             name="FailedJob",
