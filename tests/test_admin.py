@@ -668,7 +668,17 @@ def test_list_queries_read_indexes_not_the_whole_table(admin_client: Client) -> 
             "ELSE 'completed' END, now() - i * interval '1 second' "
             "FROM generate_series(1, 50000) AS i"
         )
+        # Where a worker leaves them: finished rows in the history, a backlog in axa_queue.
+        cursor.execute(
+            "WITH moved AS (DELETE FROM ONLY axa_queue WHERE status IN ('completed', 'failed', 'cancelled') "
+            "RETURNING *) INSERT INTO axa_history SELECT * FROM moved"
+        )
+        cursor.execute(
+            "INSERT INTO axa_queue (id, name, args, created_at) SELECT gen_random_uuid(), 'tests.testapp.jobs.add', "
+            "jsonb_build_object('a', i), now() - i * interval '1 second' FROM generate_series(1, 20000) AS i"
+        )
         cursor.execute("ANALYZE axa_queue")
+        cursor.execute("ANALYZE axa_history")
 
     def plan(url: str) -> str:
         cl = admin_client.get(url).context["cl"]
