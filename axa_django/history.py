@@ -42,6 +42,9 @@ def _name(number: int) -> str:
 
 def prepare(cursor: Any) -> bool:
     """Make ``axa_history_next`` if it is missing; return whether it was made."""
+    cursor.execute(LOCK)
+    if not cursor.fetchone()[0]:
+        return False  # another worker is at it
     cursor.execute("SELECT 1 FROM axa_history_part WHERE opened_at IS NULL")
     if cursor.fetchone() is not None:
         return False
