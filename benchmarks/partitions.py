@@ -1,11 +1,13 @@
 """A prototype, not the product: what table shapes cost per job, before one is chosen.
 
-Issue 22 asks for retention in O(1) (dropping partitions, not deleting rows). Before the
-schema changes, this measures the shapes on the real migrated table, its indexes and
-triggers, with the worker's real claim and finish statements, at a steady rate:
+Issue 22 asks for retention in O(1) (dropping partitions, not deleting rows). This
+measured the shapes on the real migrated table, its indexes and triggers, with the
+worker's claim and finish statements, at a steady rate, before the product took the
+``inherit`` shape: each run sets the product's history table aside and starts from the
+table as it was then (the finish updating the row in place, ``PLAIN_FINISH``).
 
-- ``plain``: the table as it is; retention deletes old finished rows in batches (the
-  statement RETENTION runs today).
+- ``plain``: that table; retention deletes old finished rows in batches (the statement
+  RETENTION ran then).
 - ``archive``: ``axa_queue`` partitioned by a ``part`` column; every row is written to and
   finished in the live partition (``part`` 0), and a maintenance loop moves finished rows
   older than ``--archive-after`` seconds into a history partition of their minute;
@@ -71,8 +73,12 @@ FINISHED = ["completed", "failed", "cancelled"]
 
 
 def migrate(url: str) -> None:
+    """Migrate, then set the product's history table aside: every shape starts from one plain table."""
     env = dict(os.environ, DATABASE_URL=url)
     subprocess.run([sys.executable, "-m", "django", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP TRIGGER axa_history_keep ON axa_queue")
+        conn.execute("DROP TABLE axa_history")
 
 
 def _set_aside(conn: psycopg.Connection[Any]) -> tuple[list[Any], list[Any], str]:
@@ -217,47 +223,24 @@ def inherit_child(conn: psycopg.Connection[Any], number: int) -> str:
     return child
 
 
-COLUMNS = (
-    "id, name, args, status, error, run_at, started_at, created_at, updated_at, queue, priority, attempts, "
-    "max_attempts, worker_id, finished_at, errors, result, unique_key, cancel_requested, backend, timeout, "
-    "concurrency_key, rate_key, has_children, on_parent_failure, pending_parents, workflow_id, trace_context, "
-    "losses, max_losses"
-)
-
-# FINISH for the history shape: a retry stays in place; every other outcome moves.
-HISTORY_FINISH = f"""
-WITH v AS MATERIALIZED (
-    SELECT * FROM jsonb_to_recordset(%(outcomes)s::jsonb)
-        AS v(id uuid, status text, error text, result jsonb, entry jsonb, delay float8, started float8)
-), gone AS (
-    DELETE FROM axa_queue q USING v
-    WHERE q.id = v.id AND v.status <> 'queued' AND q.status || '' = 'running'
-      AND q.worker_id IS NOT DISTINCT FROM %(worker)s AND NOT q.has_children
-    RETURNING q.*, v.status AS v_status, v.error AS v_error, v.result AS v_result, v.entry AS v_entry,
-        v.started AS v_started
-), moved AS (
-    INSERT INTO axa_history ({COLUMNS})
-    SELECT id, name, args, v_status, CASE WHEN v_status = 'completed' THEN error ELSE v_error END, run_at,
-        COALESCE(started_at, to_timestamp(v_started)), created_at, now(), queue, priority, attempts,
-        max_attempts, worker_id, now(),
-        CASE WHEN v_entry IS NULL THEN errors ELSE errors || jsonb_build_array(v_entry) END,
-        v_result -> 'v', unique_key, cancel_requested, backend, timeout, concurrency_key, rate_key,
-        has_children, on_parent_failure, pending_parents, workflow_id, trace_context, losses, max_losses
-    FROM gone
-    RETURNING id
-), retried AS (
-    UPDATE axa_queue q
-    SET status = 'queued', error = v.error, result = v.result -> 'v',
-        errors = CASE WHEN v.entry IS NULL THEN q.errors ELSE q.errors || jsonb_build_array(v.entry) END,
-        run_at = now() + make_interval(secs => v.delay), started_at = NULL, worker_id = NULL,
-        finished_at = NULL, updated_at = now()
-    FROM v
-    WHERE q.id = v.id AND v.status = 'queued' AND q.status || '' = 'running'
-      AND q.worker_id IS NOT DISTINCT FROM %(worker)s AND NOT q.has_children
-    RETURNING q.id
-)
-SELECT id, set_config('synchronous_commit', 'off', true) FROM moved
-UNION ALL SELECT id, set_config('synchronous_commit', 'off', true) FROM retried
+# The worker's FINISH before finished jobs moved into the history: the row updated in
+# place. The shapes below were measured against it.
+PLAIN_FINISH = """
+UPDATE axa_queue q
+SET status = v.status,
+    error = CASE WHEN v.status = 'completed' THEN q.error ELSE v.error END,
+    result = v.result -> 'v',
+    errors = CASE WHEN v.entry IS NULL THEN q.errors ELSE q.errors || jsonb_build_array(v.entry) END,
+    run_at = CASE WHEN v.status = 'queued' THEN now() + make_interval(secs => v.delay) ELSE q.run_at END,
+    started_at = CASE WHEN v.status = 'queued' THEN NULL ELSE COALESCE(q.started_at, to_timestamp(v.started)) END,
+    worker_id = CASE WHEN v.status = 'queued' THEN NULL ELSE q.worker_id END,
+    finished_at = CASE WHEN v.status = 'queued' THEN NULL ELSE now() END,
+    updated_at = now()
+FROM jsonb_to_recordset(%(outcomes)s::jsonb)
+    AS v(id uuid, status text, error text, result jsonb, entry jsonb, delay float8, started float8)
+WHERE q.id = v.id AND q.status || '' = 'running' AND q.worker_id IS NOT DISTINCT FROM %(worker)s
+  AND NOT q.has_children
+RETURNING q.id, set_config('synchronous_commit', 'off', true)
 """
 
 
@@ -285,16 +268,16 @@ def statements(shape: str) -> dict[str, str]:
     django.setup()
     from axa_django import sql
 
-    claim = sql.compose(sql.CLAIM, [NAME], [], None)
-    finish = sql.FINISH
+    claim = sql.compose(sql.CLAIM, [NAME], [], None).replace("ONLY axa_queue", "axa_queue")
+    finish = PLAIN_FINISH
     if shape == "ready":
         claim = READY_CLAIM
     if shape == "history":
-        finish = HISTORY_FINISH
+        finish = sql.FINISH.replace("ONLY axa_queue", "axa_queue")
     if shape == "inherit":
         only = re.compile(r"\b(FROM|UPDATE) axa_queue\b")
         claim = only.sub(r"\1 ONLY axa_queue", claim)
-        finish = only.sub(r"\1 ONLY axa_queue", HISTORY_FINISH).replace("INTO axa_history", "INTO {child}")
+        finish = sql.FINISH.replace("INTO axa_history", "INTO {child}")
     if shape not in IN_PLACE:
         claim = re.sub(r"\baxa_queue\b", "axa_queue_live", claim)
     if shape == "archive":
