@@ -53,8 +53,9 @@ def _delete_batch(cursor: Any, params: dict[str, Any], statement: str = DELETE_B
     return len(rows)
 
 
-# The same for the rows finished in axa_queue itself (written finished by an INSERT, or
-# left there by a statement that moved nothing): RETENTION drops the history's tables whole (history.py).
+# The same for the rows finished in axa_queue itself: written finished by an INSERT (a
+# child of a failed parent, a row written by hand). RETENTION drops the history's
+# tables whole (history.py) and deletes only these.
 DELETE_BATCH_QUEUE = DELETE_BATCH.replace("FROM axa_queue", "FROM ONLY axa_queue")
 assert DELETE_BATCH_QUEUE.count("ONLY") == 2, "DELETE_BATCH changed shape"
 
