@@ -85,20 +85,25 @@ WHERE finished_at >= now() - interval '5 minutes' AND status IN ('completed', 'f
 GROUP BY queue, status
 """
 
-# The table's size as the planner sees it, scaled to its pages now, and how often each
-# status appears in the column's statistics.
+# Each table's size as the planner sees it, scaled to its pages now, and how often each
+# status appears in the column's statistics: axa_queue and each history table that
+# inherits it, apart (axa_queue's own figures say nothing of its children's rows).
 ESTIMATE = """
-SELECT CASE WHEN c.reltuples < 0 OR c.relpages = 0 THEN -1
+SELECT c.oid::regclass::text,
+       CASE WHEN c.reltuples < 0 OR c.relpages = 0 THEN -1
             ELSE c.reltuples / c.relpages * (pg_relation_size(c.oid) / current_setting('block_size')::int8)
        END::float8,
        s.most_common_vals::text, s.most_common_freqs
 FROM pg_class c
 LEFT JOIN pg_stats s ON s.schemaname = c.relnamespace::regnamespace::text
-    AND s.tablename = c.relname AND s.attname = 'status'
+    AND s.tablename = c.relname AND s.attname = 'status' AND NOT s.inherited
 WHERE c.oid = 'axa_queue'::regclass
+   OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'axa_queue'::regclass)
+ORDER BY c.oid
 """
 
-EXACT = "SELECT status, count(*) FROM axa_queue GROUP BY status"
+# One table's rows by status, counted (its name as the catalog quotes it: regclass output).
+EXACT = "SELECT status, count(*) FROM ONLY {table} GROUP BY status"
 
 WORKERS = """
 SELECT w.id, w.hostname, w.pid, w.concurrency, w.queues, w.names,
@@ -214,16 +219,25 @@ def _json_list(value: Any) -> list[str]:
 
 
 def status_totals(cursor: Any) -> tuple[dict[str, int], bool]:
-    """Rows per status, and whether they are the planner's estimates (tables of EXACT_BELOW rows and more)."""
+    """Rows per status, and whether some are the planner's estimates (tables of EXACT_BELOW rows and more).
+
+    Each table (axa_queue, each history table) is counted or estimated on its own.
+    """
     cursor.execute(ESTIMATE)
-    row = cursor.fetchone()
-    rows_now, values, freqs = row if row else (-1.0, None, None)
-    if rows_now is None or rows_now < EXACT_BELOW or not values or not freqs:
-        cursor.execute(EXACT)
-        return {str(status): int(n) for status, n in cursor.fetchall()}, False
-    # most_common_vals of a text column reads back as an array literal: '{completed,failed}'.
-    names = [v.strip('"') for v in values.strip("{}").split(",")]
-    return {name: round(rows_now * freq) for name, freq in zip(names, freqs, strict=False)}, True
+    totals: dict[str, int] = {}
+    estimated = False
+    for table, rows_now, values, freqs in cursor.fetchall():
+        if rows_now is None or rows_now < EXACT_BELOW or not values or not freqs:
+            cursor.execute(EXACT.format(table=table))
+            counted = {str(status): int(n) for status, n in cursor.fetchall()}
+        else:
+            # most_common_vals of a text column reads back as an array literal: '{completed,failed}'.
+            names = [v.strip('"') for v in values.strip("{}").split(",")]
+            counted = {name: round(rows_now * freq) for name, freq in zip(names, freqs, strict=False)}
+            estimated = True
+        for status, n in counted.items():
+            totals[status] = totals.get(status, 0) + n
+    return {status: n for status, n in totals.items() if n}, estimated
 
 
 def collect(using: str | None = None, queues: list[str] | None = None) -> Snapshot:
