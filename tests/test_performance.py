@@ -106,6 +106,23 @@ def test_claims_find_their_rows_by_primary_key_even_when_the_statistics_saw_noth
         assert "axa_queue_pkey" in plan and "axa_queue_ready on axa_queue q" not in target, plan
 
 
+def test_the_finish_finds_its_rows_by_id_whatever_the_statistics_say():
+    # Statistics taken with almost nothing running (a queue under a held snapshot, between
+    # two autoanalyzes): the generic plan of a finish joined to its outcomes walked the
+    # whole primary key as the outer side of its join, 11,000 buffers a finish.
+    fill(finished=0, foreign=20_000)
+    with connection.cursor() as cursor:
+        # What a held snapshot leaves: the rows gone (dead, not vacuumed), a few running.
+        cursor.execute("DELETE FROM axa_queue WHERE ctid IN (SELECT ctid FROM axa_queue OFFSET 10)")
+        cursor.execute("UPDATE axa_queue SET status = 'running', started_at = now()")
+        cursor.execute("ANALYZE axa_queue")
+    for query in (sql.FINISH, sql.FINISH_PARENTS):
+        lines = generic_plan(query).split("\n")
+        scans = [i for i, line in enumerate(lines) if "Index Scan using axa_queue_pkey" in line]
+        assert len(scans) == 2, lines  # the delete's and the retry's
+        assert all(lines[i + 1].strip().startswith("Index Cond: (id = ") for i in scans), "\n".join(lines)
+
+
 def listen() -> psycopg.Connection:
     conn = connect("default", "test listener")
     conn.execute("LISTEN axa_queue")
