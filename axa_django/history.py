@@ -40,11 +40,16 @@ def _name(number: int) -> str:
     return f"axa_history_{int(number)}"
 
 
+def _locked(cursor: Any) -> bool:
+    """Take the rotation's lock for this transaction, or say another worker holds it."""
+    cursor.execute(LOCK)
+    return bool(cursor.fetchone()[0])
+
+
 def prepare(cursor: Any) -> bool:
     """Make ``axa_history_next`` if it is missing; return whether it was made."""
-    cursor.execute(LOCK)
-    if not cursor.fetchone()[0]:
-        return False  # another worker is at it
+    if not _locked(cursor):
+        return False
     cursor.execute("SELECT 1 FROM axa_history_part WHERE opened_at IS NULL")
     if cursor.fetchone() is not None:
         return False
@@ -59,8 +64,7 @@ def prepare(cursor: Any) -> bool:
 
 def close(cursor: Any, period: datetime.timedelta) -> int | None:
     """Close ``axa_history`` if it was opened at least ``period`` ago; return the closed table's number."""
-    cursor.execute(LOCK)
-    if not cursor.fetchone()[0]:
+    if not _locked(cursor):
         return None
     cursor.execute(
         "SELECT (SELECT number FROM axa_history_part WHERE opened_at IS NOT NULL AND closed_at IS NULL "
@@ -81,8 +85,7 @@ def close(cursor: Any, period: datetime.timedelta) -> int | None:
 
 def drop(cursor: Any, retention: datetime.timedelta) -> int | None:
     """Drop the oldest closed table whose close is older than ``retention``; return its number."""
-    cursor.execute(LOCK)
-    if not cursor.fetchone()[0]:
+    if not _locked(cursor):
         return None
     cursor.execute(
         "SELECT number FROM axa_history_part WHERE closed_at <= now() - %s ORDER BY number LIMIT 1", [retention]
