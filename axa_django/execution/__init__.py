@@ -214,7 +214,7 @@ def finish(cursor: psycopg.Cursor[Any], outcomes: list[Outcome], worker_id: uuid
         if not outcomes:
             return done
     # Rows are locked in id order, as an enqueue with after= locks its parents: no deadlock.
-    outcomes = sorted(outcomes, key=lambda o: o.id)
+    outcomes = sorted(outcomes, key=lambda o: o.id.int)  # UUID order; its __lt__ is Python, .int is not
     # One JSON text for the whole batch: result and entry are JSON already and go in
     # as they are, so nothing is encoded twice and psycopg adapts a single string.
     document = ",".join(map(_as_json, outcomes))

@@ -25,6 +25,15 @@ class Control:
         self.fatal: str | None = None  # the thread whose death stopped the worker
         self.threads: list[threading.Thread] = []
 
+    def rouse(self) -> None:
+        """Set ``wake`` unless it is set: what a finished job does, so most cost no lock.
+
+        Safe because every waiter clears ``wake``, then reads the state it waits on, then
+        waits: a change made before this call is seen by the read, or sets ``wake`` anew.
+        """
+        if not self.wake.is_set():
+            self.wake.set()
+
     def stop(self) -> None:
         """Claim no more; jobs in progress finish."""
         self.stopping.set()

@@ -83,7 +83,7 @@ class Finisher:
                         outcome.id,
                     )
             self.ledger.written(len(batch))
-            self.control.wake.set()
+            self.control.rouse()
         close(conn)
 
     def write(

@@ -86,7 +86,7 @@ class JobThreads:
                 except Exception:
                     logger.exception("a finished signal of job %s %s raised", job.name, job.id)
                 ledger.release(job, outcome)
-                self.control.wake.set()
+                self.control.rouse()
         finally:
             connections.close_all()
 
