@@ -33,7 +33,7 @@ logger = logging.getLogger("axa_django")
 MAX_DELAY_SECONDS = 1_000 * 365 * 86_400.0
 
 
-@dataclass
+@dataclass(slots=True)
 class Claimed:
     """A row this worker claimed."""
 
@@ -53,7 +53,7 @@ class Claimed:
     unmarked: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class Outcome:
     """What became of one attempt, ready for the FINISH statement."""
 

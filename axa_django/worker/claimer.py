@@ -64,18 +64,31 @@ class Claimer:
                 return None
             rows += quiet.note("plain", more or [], stirs) if limited else more or []
         rows.sort(key=lambda row: (-row[7], row[8]))  # the claims' own order: threads take the best first
-        jobs = [
-            Claimed(job_id, name, None, attempt, max_attempts, backend, args_json=args, unmarked=unmarked)
-            for job_id, name, args, attempt, max_attempts, backend, unmarked, *_ in rows
-        ]
-        for job in jobs:
-            function = registry.get(job.name) if job.backend is None else None
+        # The dispatcher's thread builds every claimed job, and in a drain of short jobs it
+        # is the one the job threads wait on: what can be, is looked up once per name.
+        kinds: dict[str, tuple[Any, bool, bool]] = {}
+        jobs, timed_jobs = [], []
+        for job_id, name, args, attempt, max_attempts, backend, unmarked, *rest in rows:
+            job = Claimed(job_id, name, None, attempt, max_attempts, backend, args_json=args, unmarked=unmarked)
+            kind = kinds.get(name)
+            if kind is None:
+                function = registry.get(name)
+                timed = function is not None and bool(function.options.timeout)
+                kind = kinds[name] = (
+                    function,
+                    timed,
+                    function is not None and (function.takes_context or function.is_async),
+                )
+            function, timed, needs_context = kind
             # A task row may be async; its context lets a cancel reach it.
-            if job.backend is not None or (function is not None and (function.takes_context or function.is_async)):
-                job.context = JobContext(job.id, job.name, job.attempt, self.worker_id)
+            if backend is not None or needs_context:
+                job.context = JobContext(job_id, name, attempt, self.worker_id)
+            if timed or rest[3] is not None or backend is not None:
+                timed_jobs.append((job, function, rest[3], rest[4]))
+            jobs.append(job)
         self.ledger.hold(jobs)
-        for job, row in zip(jobs, rows, strict=True):
-            self.watchdog.watch(job, function=registry.get(job.name), timeout=row[10], claimed_at=row[11])
+        for job, function, timeout, claimed_at in timed_jobs:  # held first: the watchdog finds them there
+            self.watchdog.watch(job, function=function, timeout=timeout, claimed_at=claimed_at)
         return jobs
 
     def _claim_plain(self, names: list[str], limit: int, ahead: bool) -> list[tuple[Any, ...]] | None:
