@@ -158,5 +158,5 @@ def test_the_default_prefetch_does_not_shrink_with_fewer_threads():
     # A claim's round trip costs the same at any thread count: at 8 rows a thread, a
     # worker of 4 threads claimed 32 no-op jobs a round trip and drained half as fast.
     defaults = {Worker(concurrency=n, install_signals=False).options.prefetch for n in (1, 4, 16)}
-    assert defaults == {256}
+    assert defaults == {2048}
     assert Worker(concurrency=4, prefetch=0, install_signals=False).options.prefetch == 0

@@ -15,11 +15,12 @@ from ..selection import check_names, check_queue, task_backend_aliases
 
 # Rows claimed ahead of free threads, unless ``prefetch`` says otherwise. Only jobs much
 # shorter than the dispatcher's round trip reach it (the dispatcher holds about 20 ms of
-# work ahead): a claim serves up to this many of them. At 8 per thread (32 at 4 threads)
-# the dispatcher's claims were the drain's limit: no-op drains of 60,000 jobs ran at
-# 16,000-18,000 jobs/s, against 22,000-31,000 at 128 or 256 rows, with half the worker's
-# CPU per job.
-DEFAULT_PREFETCH = 256
+# work ahead): a claim serves up to this many of them. The dispatcher's claims are a
+# drain's limit while the cap binds: 30,000 no-op jobs, one worker process, medians of 4
+# interleaved drains, ran at 13,890 jobs/s at 256 rows, 17,330 at 1,024 and 18,456 at
+# 2,048, and the database's CPU per job fell from 0.054 to 0.032 ms
+# (benchmarks/results/pg15-prefetch-sweep.txt).
+DEFAULT_PREFETCH = 2048
 
 
 @dataclasses.dataclass(frozen=True)

@@ -61,7 +61,7 @@ class Command(BaseCommand):
             "--prefetch",
             type=_count,
             default=None,
-            help="most rows claimed ahead of free threads, for short jobs (default 256; 0: none)",
+            help="most rows claimed ahead of free threads, for short jobs (default 2048; 0: none)",
         )
         parser.add_argument("--poll-interval", type=_seconds, default=None, help="seconds between polls when idle")
         parser.add_argument(
