@@ -7,11 +7,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
-from axa_django import Job, JobContext, sql
+from axa_django import Job, JobContext, conf, sql
+from axa_django.models import Worker as WorkerRow
 from axa_django.worker import Claimed, Worker
 from tests.conftest import AXA_APPS, wait_for
+from tests.test_reliability import read_until
 from tests.testapp import prefetch_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
@@ -124,6 +126,30 @@ def test_a_killed_worker_counts_a_loss_only_to_the_jobs_it_had_started(workers, 
     assert (gated.status, gated.attempts, gated.losses, gated.errors[0]["type"]) == ("completed", 1, 1, "WorkerLost")
     counts, _ = runs(log_file)
     assert len(counts) == 60 and set(counts.values()) == {1}
+
+
+def test_a_worker_presumed_dead_drops_the_rows_it_claimed_ahead(workers, log_file, tmp_path):
+    # Cut off past its lease, a live worker's rows are queued again for any worker: its
+    # rows claimed ahead then ran here and elsewhere (a restart under three workers ran
+    # 1,086 jobs twice). Its next beat finds it presumed dead and drops them.
+    proc, gate, ahead = hold_rows_behind_a_gate(workers, log_file, tmp_path)
+    worker_id = Job.objects.get(pk=gate.pk).worker_id
+    rescuer = workers.start("--concurrency", "2")
+    wait_for(lambda: WorkerRow.objects.count() == 2, what="the second worker to register")
+    params = {"lease": float(conf.get("LEASE_SECONDS")), "stale": 60, "max_losses": 3}
+    with transaction.atomic(), connection.cursor() as cursor:  # what a rescue does once the lease is out
+        cursor.execute("DELETE FROM axa_worker WHERE id = %s", [worker_id])
+        cursor.execute(sql.RESCUE, params)
+        cursor.execute(sql.WAKE)
+    said = read_until(proc, "claimed ahead: the rescue gave them back to the queue")
+    assert f"dropped {len(ahead)} job(s)" in said, said
+    (tmp_path / "open").touch()
+    wait_for(lambda: not Job.objects.exclude(status="completed").exists(), what="every job done")
+    for worker in (proc, rescuer):
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=60) == 0
+    counts, _ = runs(log_file)
+    assert len(counts) == 60 and set(counts.values()) == {1}, [token for token, n in counts.items() if n > 1]
 
 
 def test_a_row_with_history_is_marked_started_when_claimed_ahead(log_file):

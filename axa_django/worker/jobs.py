@@ -23,7 +23,7 @@ from ..execution import (
 )
 from ..signals import job_started
 from .control import Control
-from .ledger import Ledger
+from .ledger import UNWRITTEN_MOST, Ledger
 from .logs import attempt_line
 from .options import Options
 
@@ -56,7 +56,11 @@ class JobThreads:
         """Run jobs from the ledger until handed None (or this thread's job is given up)."""
         ledger = self.ledger
         try:
-            while (job := ledger.work.get()) is not None:
+            while True:
+                ledger.await_written(UNWRITTEN_MOST, self.control.aborting)
+                job = ledger.work.get()
+                if job is None:
+                    break
                 runner, function = None, None
                 started = time.monotonic()
                 job_start = ledger.started(job)
