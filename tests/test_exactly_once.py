@@ -26,7 +26,7 @@ from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
-NOT_WRITTEN = "not written: the job was rescued or changed meanwhile"
+NOT_WRITTEN = "not written: their jobs were rescued or changed meanwhile"
 
 
 def fresh(job: Job) -> Job:

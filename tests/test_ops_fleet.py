@@ -4,6 +4,7 @@ Needs root, ``ip`` and Debian's PostgreSQL binaries; skips with the reason elsew
 """
 
 import json
+import re
 import time
 
 import pytest
@@ -93,8 +94,13 @@ def test_three_hosts_drain_once_and_a_cut_host_is_rescued_and_rejoins(hosts, cap
     f.mend(2)
     wait_for(lambda: "registering again" in f.log(2), 60, "host 2 to rejoin")
     wait_for(lambda: f.sql("SELECT count(*) FROM axa_worker WHERE id = %s", [cut_worker]) == [(1,)], 30, "its row")
-    wait_for(lambda: "not written: the job was rescued or changed meanwhile" in f.log(2), 60, "the late outcomes")
-    late = {line.split("ops.sleep ")[1].split(" ")[0] for line in f.log(2).splitlines() if "not written" in line}
+    wait_for(lambda: "not written: their jobs were rescued or changed meanwhile" in f.log(2), 60, "the late outcomes")
+    late = {
+        job_id
+        for line in f.log(2).splitlines()
+        if "not written" in line
+        for job_id in re.findall(r"ops\.sleep ([0-9a-f-]{36})", line)
+    }
     assert f.sql(snapshot) == before  # not one late outcome overwrote a row
     # Each refused outcome is of a job rescued and run elsewhere, or of one whose outcome host 2
     # had written just before the cut hid the server's reply (its retry finds the row finished).

@@ -147,7 +147,7 @@ def test_a_frozen_workers_job_runs_again_at_the_defaults_and_its_late_outcome_is
         assert proc.wait(timeout=30) == 0
     after = fresh(job)
     assert (after.status, after.worker_id, after.finished_at) == ("completed", row.worker_id, row.finished_at)
-    assert "not written: the job was rescued or changed meanwhile" in frozen.stdout.read()
+    assert "not written: their jobs were rescued or changed meanwhile" in frozen.stdout.read()
 
 
 def test_a_job_running_three_leases_with_its_worker_alive_runs_once(workers, log_file):

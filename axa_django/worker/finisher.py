@@ -31,6 +31,8 @@ logger = logging.getLogger("axa_django")
 # threads now wait at UNWRITTEN_MOST outcomes: half of it lets them run on while a batch
 # is written (at the whole of it, 7% slower drains).
 BATCH = UNWRITTEN_MOST // 2
+# Jobs named in the warning about outcomes not written.
+REFUSED_NAMED = 20
 
 
 class Finisher:
@@ -79,13 +81,17 @@ class Finisher:
                 batch.append(item)
             conn, written = self.write(conn, batch)
             self._wake_limited(conn, batch)
-            for outcome in batch:
-                if outcome.id not in written and not self.control.aborting.is_set():
-                    logger.warning(
-                        "outcome of job %s %s not written: the job was rescued or changed meanwhile",
-                        outcome.name,
-                        outcome.id,
-                    )
+            refused = [outcome for outcome in batch if outcome.id not in written]
+            if refused and not self.control.aborting.is_set():
+                # One line per batch: a worker cut off past its lease has a batch's worth refused.
+                named = ", ".join(f"{outcome.name} {outcome.id}" for outcome in refused[:REFUSED_NAMED])
+                more = len(refused) - REFUSED_NAMED
+                logger.warning(
+                    "%d outcome(s) not written: their jobs were rescued or changed meanwhile: %s%s",
+                    len(refused),
+                    named,
+                    f" (and {more} more)" if more > 0 else "",
+                )
             self.ledger.written(len(batch))
             self.control.rouse()
         close(conn)
