@@ -12,6 +12,7 @@ from django.db import connection, transaction
 from axa_django import Job, JobContext, conf, sql
 from axa_django.models import Worker as WorkerRow
 from axa_django.worker import Claimed, Worker
+from axa_django.worker.ledger import Ledger
 from tests.conftest import AXA_APPS, wait_for
 from tests.test_reliability import read_until
 from tests.testapp import prefetch_jobs
@@ -186,3 +187,18 @@ def test_the_default_prefetch_does_not_shrink_with_fewer_threads():
     defaults = {Worker(concurrency=n, install_signals=False).options.prefetch for n in (1, 4, 16)}
     assert defaults == {2048}
     assert Worker(concurrency=4, prefetch=0, install_signals=False).options.prefetch == 0
+
+
+def test_rows_taken_back_from_the_threads_leave_their_ends_behind():
+    # A worker presumed dead drops its waiting rows from the heartbeat's thread, which can
+    # be during a shutdown: the job threads' ends (None) must stay, or they never end.
+    ledger = Ledger()
+    held = [Claimed(uuid.uuid4(), "n", None, 1, None) for _ in range(3)]
+    ledger.hold(held)
+    ledger.hand_out(held[:2])
+    ledger.work.put(None)
+    ledger.hand_out(held[2:])
+    assert ledger.take_waiting() == [job.id for job in held]
+    assert ledger.work.get_nowait() is None and ledger.work.empty()
+    ledger.forget(job.id for job in held)
+    assert ledger.held() == 0

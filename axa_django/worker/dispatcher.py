@@ -176,7 +176,7 @@ class Dispatcher:
 
     def unclaim_waiting(self) -> None:
         """Give back the rows claimed ahead that no thread has started, as if never claimed."""
-        ids = [job.id for job in self.ledger.take_waiting()]
+        ids = self.ledger.take_waiting()
         if not ids:
             return
         if self.db.execute(sql.UNCLAIM, {"ids": ids, "worker": self.worker_id}) is not None:

@@ -103,7 +103,7 @@ class Heartbeat:
         here; if this transaction fails, we stay unregistered and the next rescue takes them.
         """
         logger.warning("worker %s was presumed dead; registering again", self.worker_id)
-        waiting = [job.id for job in self.ledger.take_waiting()]
+        waiting = self.ledger.take_waiting()
         self.ledger.forget(waiting)
         if waiting:
             cursor.execute(sql.UNCLAIM, {"ids": waiting, "worker": self.worker_id})

@@ -183,12 +183,12 @@ class Ledger:
         with self._lock:
             self._starts.update(due)
 
-    def take_waiting(self) -> list[Claimed]:
+    def take_waiting(self) -> list[uuid.UUID]:
         """Take every job no thread has started off ``work``; they stay held until ``forget``.
 
-        The threads' ends (None) stay on ``work``, behind what is left.
+        The threads' ends (None) stay on ``work``: the heartbeat may take during a shutdown.
         """
-        jobs, ends = [], 0
+        ids, ends = [], 0
         while True:
             try:
                 job = self.work.get_nowait()
@@ -197,10 +197,10 @@ class Ledger:
             if job is None:
                 ends += 1
             else:
-                jobs.append(job)
+                ids.append(job.id)
         for _ in range(ends):
             self.work.put(None)
-        return jobs
+        return ids
 
     def forget(self, ids: Iterable[uuid.UUID]) -> None:
         """Hold ``ids`` no more (given back to the queue unstarted)."""
