@@ -7,6 +7,7 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import OperationalError, connections
@@ -102,6 +103,33 @@ def test_a_killed_worker_runs_again_a_bounded_number_of_the_jobs_it_had_finished
     assert sorted(counts) == sorted(f"t{i}" for i in range(total))
     twice = sum(1 for n in counts.values() if n > 1)
     assert 0 < twice <= ran and max(counts.values()) == 2, (twice, ran)
+
+
+def test_one_failed_heartbeat_is_retried_within_the_lease(workers):
+    # The heartbeat waited a whole interval after a failed beat: one beat held up for its
+    # timeout (a lock, a slow server) left the worker's row a full lease old, so another
+    # worker's rescue could take a live worker's running jobs (CI saw jobs run twice).
+    lease = 9.0  # beats every 3 s, each bounded by a 3 s timeout
+    proc = workers.start("--concurrency", "1", env=workers.env(AXA_TEST_LEASE=str(lease)))
+    with connect("default", "test lock") as holder, connect("default", "test watcher") as watcher:
+        holder.execute("SET idle_in_transaction_session_timeout = 0")  # a worker connection's is half a lease
+
+        def beat() -> Any:
+            row = watcher.execute("SELECT id, heartbeat_at FROM axa_worker").fetchone()
+            return row
+
+        worker_id, first = wait_for(beat, what="the worker to register")
+        _, last = wait_for(lambda: (row := beat()) and row[1] > first and row, what="a beat")
+        holder.autocommit = False
+        holder.execute("SELECT 1 FROM axa_worker WHERE id = %s FOR UPDATE", [worker_id])  # the next beat waits
+        read_until(proc, "heartbeat failed", timeout=30)
+        holder.rollback()
+        _, after = wait_for(lambda: (row := beat()) and row[1] > last and row, what="the next beat")
+    gap = (after - last).total_seconds()
+    print(f"{gap:.2f}s between the beats around the failed one (lease {lease:g}s)")
+    assert gap < lease, f"{gap:.1f}s between two beats: the lease ({lease:g}s) ran out"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
 
 
 def test_a_killed_workers_job_runs_again_elsewhere_within_two_leases(workers, log_file):

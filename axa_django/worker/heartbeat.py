@@ -26,6 +26,12 @@ from .watchman import Watchman
 
 logger = logging.getLogger("axa_django")
 
+# A failed beat is tried again this soon, doubling up to the interval. Waiting a whole
+# interval let one slow beat cost the lease: a beat, up to 0.6 interval of housekeeping,
+# an interval, a beat failing at its interval-long timeout, an interval: 3.6 intervals,
+# and the lease is three, so a live worker was presumed dead and its jobs ran twice.
+RETRY_FIRST = 0.1
+
 
 class Heartbeat:
     """Refreshes the lease every lease/3, touches the health file, relays cancels flagged in rows, then
@@ -57,7 +63,8 @@ class Heartbeat:
         interval = self.options.housekeeping_interval
         timeout = f"{max(100, round(interval * 1000))}ms"
         self.touch_health_file()  # the worker has just registered
-        while not self.control.done.wait(interval):
+        wait, retry = interval, RETRY_FIRST
+        while not self.control.done.wait(wait):
             try:
                 if conn is None or conn.closed:
                     conn = connect(self.options.using, "heartbeat")
@@ -71,11 +78,14 @@ class Heartbeat:
                 if not isinstance(error, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
                     close(conn)
                     conn = None
-                logger.warning("heartbeat failed (%s); trying again in %.1fs", error, interval)
+                wait, retry = retry, min(retry * 2, interval)
+                logger.warning("heartbeat failed (%s); trying again in %.1fs", error, wait)
                 continue
             except psycopg.Error as error:
-                logger.error("heartbeat failed (%s: %s); trying again in %.1fs", type(error).__name__, error, interval)
+                wait, retry = retry, min(retry * 2, interval)
+                logger.error("heartbeat failed (%s: %s); trying again in %.1fs", type(error).__name__, error, wait)
                 continue
+            wait, retry = interval, RETRY_FIRST
             self.touch_health_file()
             self.ledger.cancel(cancelled)
             # What follows has 60% of an interval, so that even after a beat that took its
