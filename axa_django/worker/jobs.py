@@ -23,7 +23,7 @@ from ..execution import (
 )
 from ..signals import job_started
 from .control import Control
-from .ledger import UNWRITTEN_MOST, Ledger
+from .ledger import Ledger
 from .logs import attempt_line
 from .options import Options
 
@@ -57,7 +57,7 @@ class JobThreads:
         ledger = self.ledger
         try:
             while True:
-                ledger.await_written(UNWRITTEN_MOST, self.control.aborting)
+                ledger.await_written(self.control.aborting)
                 job = ledger.work.get()
                 if job is None:
                     break

@@ -132,16 +132,16 @@ class Ledger:
             self._stalled_since = None
             self._written.notify_all()
 
-    def await_written(self, most: int, abort: threading.Event) -> None:
-        """Wait while ``most`` outcomes or more are unwritten (until ``abort``).
+    def await_written(self, abort: threading.Event) -> None:
+        """Wait while UNWRITTEN_MOST outcomes or more are unwritten (until ``abort``).
 
         What bounds the jobs a killed worker has run and that run again: their outcomes
         were not written yet.
         """
-        if self._unwritten < most:  # read without the lock: a stale count only costs a look under it
+        if self._unwritten < UNWRITTEN_MOST:  # read without the lock: a stale count only costs a look under it
             return
         with self._lock:
-            while self._unwritten >= most and not abort.is_set():
+            while self._unwritten >= UNWRITTEN_MOST and not abort.is_set():
                 now = time.monotonic()
                 if self._stalled_since is None:
                     self._stalled_since = now
