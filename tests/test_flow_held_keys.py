@@ -7,6 +7,7 @@ went over queued keys in order and gave up after a fixed number).
 
 from __future__ import annotations
 
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -53,9 +54,17 @@ def test_the_issues_fleet_runs_jobs_of_free_keys_behind_40_held_back_keys(worker
     gate.touch()
     wait_for(lambda: Job.objects.filter(status="completed").count() == 86, what="every job to run")
     overlapping = {key: spans for key, spans in intervals(log).items() if most_at_once(spans) != 1}
-    assert not overlapping, overlapping  # each key's runs, to see which ran twice and when
+    # Each key's runs and the workers' warnings, to see which ran twice, when, and why.
+    assert not overlapping, (overlapping, warnings_of(procs))
     assert all(proc.poll() is None for proc in procs)
     print(f"\n6 jobs of free keys behind 40 held-back keys, 2 workers x 22 threads: all done in {seconds:.2f}s")
+
+
+def warnings_of(procs: list[subprocess.Popen[str]]) -> list[str]:
+    """Stop the workers; what they logged (warnings and up: the test settings' level)."""
+    for proc in procs:
+        proc.terminate()
+    return [f"{proc.pid}: {line}" for proc in procs for line in proc.communicate(timeout=60)[0].splitlines()]
 
 
 def hold_slots(keys: list[str]) -> None:

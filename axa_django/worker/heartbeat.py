@@ -7,6 +7,7 @@ that read a held snapshot's dead index entries, kept off the dispatcher.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -30,6 +31,7 @@ logger = logging.getLogger("axa_django")
 # interval let one slow beat cost the lease: a beat, up to 0.6 interval of housekeeping,
 # an interval, a beat failing at its interval-long timeout, an interval: 3.6 intervals,
 # and the lease is three, so a live worker was presumed dead and its jobs ran twice.
+# Now: a beat, a failed one an interval after it began, the retry 0.1 s later: 2.1.
 RETRY_FIRST = 0.1
 
 
@@ -63,8 +65,13 @@ class Heartbeat:
         interval = self.options.housekeeping_interval
         timeout = f"{max(100, round(interval * 1000))}ms"
         self.touch_health_file()  # the worker has just registered
-        wait, retry = interval, RETRY_FIRST
-        while not self.control.done.wait(wait):
+        due, retry = time.monotonic() + interval, RETRY_FIRST
+        with contextlib.suppress(psycopg.Error):
+            # Now, not at the first beat: a connection slow to open (a loaded server) came on
+            # top of the first interval, and the lease started at the registration.
+            conn = connect(self.options.using, "heartbeat")
+        while not self.control.done.wait(max(0.0, due - time.monotonic())):
+            began = time.monotonic()
             try:
                 if conn is None or conn.closed:
                     conn = connect(self.options.using, "heartbeat")
@@ -78,18 +85,25 @@ class Heartbeat:
                 if not isinstance(error, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
                     close(conn)
                     conn = None
-                wait, retry = retry, min(retry * 2, interval)
-                logger.warning("heartbeat failed (%s); trying again in %.1fs", error, wait)
+                due, retry = time.monotonic() + retry, min(retry * 2, interval)
+                logger.warning("heartbeat failed (%s); trying again in %.1fs", error, due - time.monotonic())
                 continue
             except psycopg.Error as error:
-                wait, retry = retry, min(retry * 2, interval)
-                logger.error("heartbeat failed (%s: %s); trying again in %.1fs", type(error).__name__, error, wait)
+                due, retry = time.monotonic() + retry, min(retry * 2, interval)
+                logger.error(
+                    "heartbeat failed (%s: %s); trying again in %.1fs",
+                    type(error).__name__,
+                    error,
+                    due - time.monotonic(),
+                )
                 continue
-            wait, retry = interval, RETRY_FIRST
+            # Beats keep their cadence: the next is an interval after this one began, not after
+            # the housekeeping below (which made beats up to 1.6 intervals apart, 2.6 after a slow one).
+            due, retry = began + interval, RETRY_FIRST
             self.touch_health_file()
             self.ledger.cancel(cancelled)
             # What follows has 60% of an interval, so that even after a beat that took its
-            # whole timeout the next comes within 2.6 intervals (the lease is three): each
+            # whole timeout the next comes within 1.6 intervals (the lease is three): each
             # statement is cut at what is left, and what did not fit runs after the next beat.
             until = time.monotonic() + max(0.6 * interval, 0.15)
             if self.watchman is not None:
