@@ -26,11 +26,10 @@ import psycopg.sql
 # dead worker held without starting is queued again without losing an attempt. A row
 # with history (an error, a rescue) is marked at once, so that a job that kills its
 # worker counts a loss from its second try on and cannot loop for ever.
-# The rows are found by where the walk locked them (ctid), a TID scan: locked, they
-# cannot move before the UPDATE, and the lock gives the newest version's place. By id
-# instead, the primary key was walked once per row through the dead entries of earlier
-# claims (a sixth of a claim's time); with a status test as well, a generic plan made
-# while the statistics said nothing was queued walked the whole ready index for them.
+# The rows are found by their ids alone: the walk has locked them, still queued, so
+# nothing can change them before the UPDATE, and with no status test the planner has
+# only the primary key to find them by. With one, a generic plan made while the
+# statistics said nothing was queued walked the whole ready index for the ids.
 # RETURNING comes in no particular order: the worker sorts by priority and run_at.
 # What a claim writes and returns, shared with the limited claim (sqlflow.py).
 CLAIMED = """
@@ -44,8 +43,8 @@ RETURNING q.id, q.name, q.args::text, q.attempts, q.max_attempts, q.backend, q.s
 """
 CLAIM = f"""
 UPDATE ONLY axa_queue q{CLAIMED}
-WHERE q.ctid = ANY(ARRAY(
-    SELECT c.ctid FROM ({{walks}}) AS c
+WHERE q.id = ANY(ARRAY(
+    SELECT c.id FROM ({{walks}}) AS c
     ORDER BY c.priority DESC, c.run_at
     LIMIT %(limit)s
 )){CLAIM_RETURNING}"""
@@ -67,18 +66,18 @@ CLAIM_LANES = _SNAPPED.replace("{claim}", CLAIM.replace("{walks}", "{lane_walks}
 # "status BETWEEN 'queued' AND 'queued'" is how the claims say queued: only the claim
 # indexes are built for it (models.py), so no plan can take the seed's ready index.
 _NAME_WALK = """
-    SELECT c.ctid, c.priority, c.run_at FROM unnest({names}::text[]) AS n(name)
+    SELECT c.id, c.priority, c.run_at FROM unnest({names}::text[]) AS n(name)
     CROSS JOIN LATERAL (
-        SELECT ctid, priority, run_at FROM ONLY axa_queue
+        SELECT id, priority, run_at FROM ONLY axa_queue
         WHERE status BETWEEN 'queued' AND 'queued' AND name = n.name AND backend IS NULL AND run_at <= now() {queue}
         ORDER BY priority DESC, run_at
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ) AS c"""
 _BACKEND_WALK = """
-    SELECT t.ctid, t.priority, t.run_at FROM unnest({backends}::text[]) AS b(backend)
+    SELECT t.id, t.priority, t.run_at FROM unnest({backends}::text[]) AS b(backend)
     CROSS JOIN LATERAL (
-        SELECT ctid, priority, run_at FROM ONLY axa_queue
+        SELECT id, priority, run_at FROM ONLY axa_queue
         WHERE status BETWEEN 'queued' AND 'queued' AND backend = b.backend AND run_at <= now() {queue}
         ORDER BY priority DESC, run_at
         LIMIT %(limit)s
@@ -91,10 +90,10 @@ _BACKEND_WALK = """
 # them) are walked from their start, so a lane not seen yet is found at once.
 # %(floors)s holds one floor per lane, in the order of {lane_names}.
 _LANE_WALK = """
-    SELECT c.ctid, c.priority, c.run_at
+    SELECT c.id, c.priority, c.run_at
     FROM unnest({lane_names}::text[], {lane_priorities}::int[], %(floors)s::timestamptz[]) AS l(name, priority, floor)
     CROSS JOIN LATERAL (
-        SELECT ctid, priority, run_at FROM ONLY axa_queue
+        SELECT id, priority, run_at FROM ONLY axa_queue
         WHERE status BETWEEN 'queued' AND 'queued' AND name = l.name AND priority = l.priority AND backend IS NULL
           AND run_at >= l.floor AND run_at <= now() {queue}
         ORDER BY priority DESC, run_at
@@ -102,10 +101,10 @@ _LANE_WALK = """
         FOR UPDATE SKIP LOCKED
     ) AS c"""
 _GAP_WALK = """
-    SELECT c.ctid, c.priority, c.run_at
+    SELECT c.id, c.priority, c.run_at
     FROM unnest({gap_names}::text[], {gap_above}::int8[], {gap_below}::int8[]) AS g(name, above, below)
     CROSS JOIN LATERAL (
-        SELECT ctid, priority, run_at FROM ONLY axa_queue
+        SELECT id, priority, run_at FROM ONLY axa_queue
         WHERE status BETWEEN 'queued' AND 'queued' AND name = g.name AND priority > g.above AND priority < g.below
           AND backend IS NULL AND run_at <= now() {queue}
         ORDER BY priority DESC, run_at
