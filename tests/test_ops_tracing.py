@@ -137,3 +137,31 @@ def test_without_a_tracer_provider_nothing_is_written_or_read(django_assert_num_
 def test_without_opentelemetry_nothing_of_it_is_imported():
     assert tracing.trace is None and "opentelemetry" not in sys.modules
     assert tracing.traced(len) is len
+
+
+LATE_PROVIDER = """
+import time
+import django
+django.setup()
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from axa_django.ops import tracing
+assert not tracing.active()
+trace.set_tracer_provider(TracerProvider())
+set_at = time.monotonic()
+while not tracing.active():
+    assert time.monotonic() - set_at < 10, "a provider set late was never seen"
+    time.sleep(0.01)
+print(f"{time.monotonic() - set_at:.2f}")
+"""
+
+
+@needs_sdk
+def test_a_tracer_provider_set_after_the_first_look_is_seen_within_a_second(workers):
+    # With no provider, OpenTelemetry is asked again at most once a second (each ask reads
+    # os.environ); one set later, as a post-fork hook does, is seen by the next look.
+    proc = subprocess.run(
+        [sys.executable, "-c", LATE_PROVIDER], cwd=ROOT, env=workers.env(), capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert float(proc.stdout) <= tracing.LOOK_EVERY + 0.5, proc.stdout

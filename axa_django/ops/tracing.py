@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -32,12 +33,28 @@ RECORD = "UPDATE axa_queue SET trace_context = %s::jsonb WHERE id = ANY(%s::uuid
 READ = "SELECT trace_context::text, queue FROM axa_queue WHERE id = %s"
 
 
+# Asking OpenTelemetry for the provider reads os.environ each time it has none (0.9 us,
+# a thirtieth of a no-op job's worker CPU): without one, it is asked again at most this
+# often. A provider once set stays set (OpenTelemetry sets it once).
+LOOK_EVERY = 1.0
+_set = False
+_next_look = 0.0
+
+
 def active() -> bool:
-    """Whether spans are recorded: the API is installed and a real tracer provider is set."""
+    """Whether spans are recorded: the API is installed and a real tracer provider is set (seen within a second)."""
+    global _set, _next_look
+    if _set:
+        return True
     if trace is None:
         return False
+    now = time.monotonic()
+    if now < _next_look:
+        return False
     provider = trace.get_tracer_provider()
-    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+    _set = not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+    _next_look = now + LOOK_EVERY
+    return _set
 
 
 def _ids(written: Any) -> list[Any]:
