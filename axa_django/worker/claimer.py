@@ -56,7 +56,12 @@ class Claimer:
         fast = [name for name in names if name not in limited]
         quiet = self.quiet
         if len(rows) < min(limit, free) and (fast or options.backends) and quiet.due("queues"):
-            rows += quiet.note("queues", self._claim_queues(fast, min(limit, free) - len(rows)), quiet.stirs)
+            stirs = quiet.stirs
+            taken = self._claim_queues(fast, min(limit, free) - len(rows))
+            if taken is not None:
+                # Not tried (no queue of ours has a limit) is not empty: noted as empty, it made
+                # every idle claim a second one, to try the kind it skipped (3 claims a job, not 2).
+                rows += quiet.note("queues", taken, stirs)
         if len(rows) < limit and (fast or options.backends) and quiet.due("plain"):
             stirs = quiet.stirs
             more = self._claim_plain(fast, limit - len(rows), ahead)
@@ -116,8 +121,11 @@ class Claimer:
             lanes.learn(claimed, snap, full=not bounded)
         return claimed
 
-    def _claim_queues(self, names: list[str], limit: int) -> list[tuple[Any, ...]]:
-        """Claim up to ``limit`` rows of queues with a fleet-wide limit (worker/queuelimits.py), for free threads."""
+    def _claim_queues(self, names: list[str], limit: int) -> list[tuple[Any, ...]] | None:
+        """Claim up to ``limit`` rows of queues with a fleet-wide limit (worker/queuelimits.py), for free threads.
+
+        None if not tried: no queue this worker serves has a limit.
+        """
         conn = self.db.current()
         if conn is None:
             return []

@@ -44,10 +44,10 @@ class QueueClaim:
             self._read_at = now
         return self._limited
 
-    def claim(self, conn: psycopg.Connection[Any], limit: int) -> list[tuple[Any, ...]]:
-        """Claim up to ``limit`` rows of limited queues for free threads, in one round trip."""
+    def claim(self, conn: psycopg.Connection[Any], limit: int) -> list[tuple[Any, ...]] | None:
+        """Claim up to ``limit`` rows of limited queues for free threads, in one round trip; None if not tried."""
         if limit < 1 or not self.wanted(conn):
-            return []
+            return None
         # One pipeline up to its Sync is one implicit transaction: the lock, then the claim
         # in a new snapshot, then COMMIT, which lets the queues' locks go.
         with conn.pipeline():
