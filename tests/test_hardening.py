@@ -314,6 +314,18 @@ def test_claims_and_outcomes_leave_no_session_setting_behind():
         worker.db.close()
 
 
+def test_an_idle_claim_is_one_statement_when_no_queue_has_a_limit():
+    # The claim of limited queues, not tried (no queue has a limit), was noted as found
+    # empty: the dispatcher then tried every kind again at once, two claims per empty one.
+    worker = Worker(concurrency=2, install_signals=False)
+    assert worker.db.open_first()
+    try:
+        assert worker.claimer.claim(["tests.testapp.jobs.add"], 2) == []
+        assert not worker.claimer.quiet.any()  # no kind is skipped, so none is tried again
+    finally:
+        worker.db.close()
+
+
 # -- 4.1 / 4.5 statements whose LIMIT must hold under any plan; queues stay apart -------
 
 
