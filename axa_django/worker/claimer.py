@@ -60,7 +60,7 @@ class Claimer:
             taken = self._claim_queues(fast, min(limit, free) - len(rows))
             if taken is not None:
                 # Not tried (no queue of ours has a limit) is not empty: noted as empty, it made
-                # every idle claim a second one, to try the kind it skipped (3 claims a job, not 2).
+                # each empty claim of an idle worker two, the second to try the kind it skipped.
                 rows += quiet.note("queues", taken, stirs)
         if len(rows) < limit and (fast or options.backends) and quiet.due("plain"):
             stirs = quiet.stirs
