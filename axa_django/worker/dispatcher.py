@@ -57,6 +57,9 @@ class Dispatcher:
         next_housekeeping = 0.0
         claimed_total = 0
         backlog = False
+        # After a claim that found all there was (fewer rows than asked): the news count it
+        # began at, and until when the worker may wait (the next due row, the poll interval).
+        idle: tuple[int, float] | None = None
         while not control.stopping.is_set():
             now = time.monotonic()
             if now >= next_housekeeping:
@@ -74,10 +77,20 @@ class Dispatcher:
                 # More rows are waiting and other threads are about to free up: wait
                 # a moment for them, so that one claim serves several.
                 room = self._gather(claimed_total)
+            if idle is not None:
+                news, until = idle
+                if news == self.quiet.news and self.quiet.heard_all and not options.burst and time.monotonic() < until:
+                    # Woken by a job's end (or a thread given up) with nothing announced since
+                    # the last claim found all there was: another would find nothing. At a
+                    # steady trickle that claim was one of every job's two.
+                    self._wait(until - time.monotonic())
+                    continue
+                idle = None
             # Read before claiming: an outcome written after the claim (a retry
             # queued again) must get another claim before a burst worker exits.
             settled = not ledger.held() and not ledger.unwritten()
             control.wake.clear()
+            news = self.quiet.news
             free = options.concurrency - ledger.running()
             tried_all = not self.quiet.any()  # a kind that came back empty lately is skipped (quiet.py)
             jobs = self.claimer.claim(names, room, ahead=room > free)
@@ -87,7 +100,7 @@ class Dispatcher:
             backlog = ledger.backlog = len(jobs) == room
             ledger.hand_out(jobs)
             if not jobs:
-                self.quiet.stir()  # idle: the next claim tries every kind again
+                self.quiet.stir(news=False)  # idle: the next claim tries every kind again
                 if not tried_all:
                     continue  # at once: a burst worker must not stop, nor any worker wait, on a skipped kind
             if len(jobs) < room:
@@ -96,8 +109,13 @@ class Dispatcher:
                         break
                     self._wait(next_housekeeping - time.monotonic())
                     continue
-                if not jobs:
-                    self._wait(min(self.claimer.next_run(names), next_housekeeping - time.monotonic()))
+                if not jobs or (tried_all and self.quiet.heard_all and not options.burst):
+                    # Fewer rows than asked for, every kind tried: none other is ready now. The
+                    # worker claims again on news, when its next row falls due, or when it polls.
+                    timeout = min(self.claimer.next_run(names), next_housekeeping - time.monotonic())
+                    idle = (news, time.monotonic() + min(timeout, options.poll_interval))
+                    if not jobs:
+                        self._wait(timeout)
 
     def _room(self, claimed_total: int, backlog: bool) -> int:
         """How many rows to claim now; 0 while threads are busy and enough rows wait for them.

@@ -98,7 +98,10 @@ class Finisher:
             # slot freed; or it waits for them (a burst worker's end, a shutdown). Roused
             # after every batch, an idle worker paid one claim and one look for the next due
             # row per job in vain.
-            if limited or self.options.burst or self.control.stopping.is_set() or _retries(batch):
+            retried = _retries(batch)
+            if retried:
+                self.quiet.stir()  # news for an idle dispatcher (dispatcher.py): a row to claim again
+            if limited or retried or self.options.burst or self.control.stopping.is_set():
                 self.control.rouse()
         close(conn)
 

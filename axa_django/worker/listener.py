@@ -39,6 +39,7 @@ class Listener:
     def poll_instead(self) -> None:
         """Notifications do not reach this worker: poll, and walk the lanes in full more often."""
         self.enabled = False
+        self.quiet.heard_all = False
         self.lanes.full_scan = FULL_SCAN_UNNOTIFIED
 
     def loop(self) -> None:
@@ -53,7 +54,8 @@ class Listener:
                     conn.execute(f"LISTEN {CHANNEL}")
                     conn.execute(f"LISTEN {CANCEL_CHANNEL}")
                     self.listening.set()
-                    control.wake.set()  # anything enqueued while we were deaf
+                    self.quiet.stir()  # anything enqueued while we were deaf
+                    control.wake.set()
                     self.lanes.lower(None)  # and rows made ready behind the floors meanwhile
                     delay = 0.1
                 for note in conn.notifies(timeout=0.5):

@@ -23,6 +23,10 @@ class Quiet:
     def __init__(self) -> None:
         self._since: dict[str, float] = {}  # kind -> time.monotonic() its last claim came back empty
         self.stirs = 0  # how often stir ran, so that a claim can tell it was stirred meanwhile
+        self.news = 0  # how often rows were announced from outside the claims (see stir)
+        # Whether every change that makes rows claimable is announced here (the worker hears
+        # NOTIFY); False once it polls: then only a claim can tell.
+        self.heard_all = True
         self.token_due: float | None = None  # time.monotonic() of the next rate token of a held-back pair
 
     def any(self) -> bool:
@@ -46,9 +50,15 @@ class Quiet:
             self._since[kind] = time.monotonic()
         return rows
 
-    def stir(self) -> None:
-        """Something may have made rows of any kind claimable: try every kind at the next claim (any thread)."""
+    def stir(self, news: bool = True) -> None:
+        """Something may have made rows of any kind claimable: try every kind at the next claim (any thread).
+
+        ``news``: announced from outside the claims (a NOTIFY, a retry written, a limited
+        job's slot freed); False for the dispatcher's own stir when a claim finds nothing.
+        """
         self.stirs += 1
+        if news:
+            self.news += 1
         self._since.clear()
 
     def token_wait(self, seconds: float) -> float:

@@ -1,0 +1,72 @@
+"""A worker whose last claim found nothing claims again on news, not on every job's end.
+
+With a poll interval of a minute and a lease of 90 s, a wake-up the worker missed would
+cost 30 s: each test waits for its job far less than that. Each path that makes rows claimable again
+without a new row announced elsewhere is here: a retry written by the finisher, a row
+enqueued while every thread was busy, a limited job's slot freed on the same worker, a
+child released by its parent's end.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from axa_django import Job
+from tests.conftest import AXA_APPS, wait_for
+from tests.testapp import flow_jobs, jobs, workflow_jobs
+
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
+
+# A missed wake-up would show as a wait of 30 s (the poll interval, and the housekeeping
+# interval, a third of the lease, that also bounds an idle wait).
+SETTINGS = {"AXA_TEST_POLL": "60", "AXA_TEST_LEASE": "90"}
+PROMPT = 10.0  # each job must start well within that
+
+
+def start(workers, concurrency: int = 1):
+    proc = workers.start("--concurrency", str(concurrency), env=workers.env(**SETTINGS))
+    jobs.add.perform_later(1)  # warm: the worker is up and idle once this ran
+    wait_for(lambda: Job.objects.filter(status="completed").count() == 1, what="the worker to start")
+    return proc
+
+
+def lines(log: Path) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_a_retry_written_by_the_finisher_runs_without_waiting_for_a_poll(workers, tmp_path) -> None:
+    log = tmp_path / "log"
+    start(workers)
+    jobs.flaky.perform_later(str(log))  # fails twice, backoff 0: queued again at once, no NOTIFY
+    wait_for(lambda: len(lines(log)) == 3, timeout=PROMPT, what="the flaky job's three runs")
+
+
+def test_a_row_enqueued_while_every_thread_was_busy_runs_when_one_frees(workers, tmp_path) -> None:
+    log = tmp_path / "log"
+    start(workers)
+    jobs.slow.perform_later(1.0, log=str(log), token="busy")
+    wait_for(lambda: any(line.startswith("start busy") for line in lines(log)), what="the thread to be busy")
+    jobs.slow.perform_later(0, log=str(log), token="next")  # its NOTIFY comes while no thread is free
+    wait_for(lambda: any(line.startswith("end next") for line in lines(log)), timeout=PROMPT, what="the next job")
+
+
+def test_a_limited_jobs_follower_runs_when_its_leader_ends_on_the_same_worker(workers, tmp_path) -> None:
+    log = tmp_path / "log"
+    start(workers, concurrency=2)
+    flow_jobs.one_per_account.perform_later(7, "leader", str(log), seconds=1.0)
+    flow_jobs.one_per_account.perform_later(7, "follower", str(log), seconds=0)
+    wait_for(
+        lambda: Job.objects.filter(name=flow_jobs.one_per_account.name, status="completed").count() == 2,
+        timeout=PROMPT,
+        what="the leader and then its follower",
+    )
+
+
+def test_a_child_runs_when_its_parent_ends(workers, tmp_path) -> None:
+    log = tmp_path / "log"
+    start(workers)
+    parent = workflow_jobs.step.perform_later("parent", str(log), seconds=0.5)
+    workflow_jobs.step.using(after=[parent]).perform_later("child", str(log))
+    wait_for(lambda: "end child" in lines(log), timeout=PROMPT, what="the child")
