@@ -1,10 +1,10 @@
-"""A worker whose last claim found nothing claims again on news, not on every job's end.
+"""A worker whose last claim found all there was claims again on news, not on every job's end.
 
 With a poll interval of a minute and a lease of 90 s, a wake-up the worker missed would
-cost 30 s: each test waits for its job far less than that. Each path that makes rows claimable again
-without a new row announced elsewhere is here: a retry written by the finisher, a row
-enqueued while every thread was busy, a limited job's slot freed on the same worker, a
-child released by its parent's end.
+cost 30 s: each test waits for its job far less than that. Each path that makes rows
+claimable again is here: a retry written by the finisher, a row enqueued while every
+thread was busy, a limited job's slot freed on the same worker, a child released by its
+parent's end.
 """
 
 from __future__ import annotations
