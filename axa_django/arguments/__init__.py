@@ -185,15 +185,21 @@ def _hint(value: Any) -> str:
     return "pass str, int, float, bool, None, list or dict with str keys."
 
 
-def encode(value: Any, where: str | Describe, limit: int, *, levels: int = 0) -> str:
+# One encoder for every call: json.dumps with options builds a new one each time.
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+
+
+def encode(value: Any, where: str | Describe, limit: int, *, levels: int = 0, checked: bool = False) -> str:
     """Check ``value`` and return its JSON text, refusing anything over ``limit`` bytes.
 
     Also refuses what PostgreSQL cannot store (NUL, lone surrogates): ValueError naming
-    the place, before any SQL is sent.
+    the place, before any SQL is sent. ``checked``: ``value`` passed ``check_json`` at
+    these ``levels`` already (``bind`` and ``check_kwargs`` did), so it is not walked again.
     """
-    check_json(value, where, levels=levels)
+    if not checked:
+        check_json(value, where, levels=levels)
     try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        text = _ENCODER.encode(value)
     except ValueError:
         # An integer over Python's str conversion limit; name it.
         _raise(value, where, levels, storable=True)

@@ -1,0 +1,121 @@
+"""A bulk enqueue goes in by COPY when the database computes nothing for its rows; it stores what the INSERT stores."""
+
+import psycopg
+import pytest
+from django.db import DatabaseError, connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from axa_django import Job, enqueue_many
+from tests.conftest import AXA_APPS
+from tests.testapp import jobs
+from tests.testapp.flow_jobs import five_per_second, one_per_account
+
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
+
+# What COPY's text format gives a meaning to (tab, newline, carriage return, backslash,
+# its NULL and end-of-data markers), and what SQL and format strings do.
+ODD = [
+    "tab\there",
+    "line\nbreak",
+    "carriage\rreturn",
+    "back\\slash",
+    "\\N",
+    "\\.",
+    "ends in \\",
+    "\\\\t",
+    "%s %(x)s {0} %%",
+    "'; DROP TABLE axa_queue; --",
+    'say "hi"',
+    "é ✓ 🎉 \u2028\u2029 \x7f",
+    "",
+]
+# Names, queues and keys refuse control characters; everything else is theirs.
+ODD_NAME = "odd\\name %s {0} '; --"
+
+
+def _last_statement() -> str:
+    """The last statement this test's connection ran, as another session sees it."""
+    pid = connection.connection.info.backend_pid
+    with psycopg.connect(connection.connection.info.dsn, password=connection.settings_dict["PASSWORD"]) as other:
+        row = other.execute("SELECT query FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def _batches() -> list[tuple[str, list[Job]]]:
+    """Enqueue every odd value in bulk through each column a COPY writes; return (what, jobs)."""
+    args = [{"s": s, "nested": [s, {s: [s, -1.5, 5e-324, 2**63]}]} for s in ODD]
+    done = [("by name", enqueue_many(ODD_NAME, args))]
+    odd_options = jobs.add.using(queue="q\\ueue %s", priority=-7, max_attempts=3, timeout=1.5, max_losses=2)
+    done.append(("options", odd_options.perform_later_many([{"a": s} for s in ODD])))
+    keyed = one_per_account.using(concurrency_key="k\\ey %s '")
+    done.append(("concurrency key", keyed.perform_later_many([{"account_id": 1, "token": s} for s in ODD])))
+    done.append(("rate key", five_per_second.perform_later_many([{"api": f"api\\{s!r}", "token": s} for s in ODD])))
+    return done
+
+
+_COMPARED = [
+    "name", "args", "status", "queue", "priority", "attempts", "max_attempts", "losses", "max_losses", "errors",
+    "unique_key", "backend", "timeout", "concurrency_key", "rate_key", "pending_parents", "has_children",
+    "cancel_requested", "worker_id", "finished_at", "result", "error", "started_at",
+]  # fmt: skip
+
+
+def _stored(created: list[Job]) -> list[tuple[object, ...]]:
+    by_id = {job.pk: job for job in Job.objects.filter(pk__in=[job.pk for job in created])}
+    return [tuple(getattr(by_id[job.pk], field) for field in _COMPARED) for job in created]
+
+
+def test_a_bulk_enqueue_by_copy_stores_odd_values_as_the_insert_does():
+    copied = []
+    for what, created in _batches():
+        assert _last_statement().startswith("COPY axa_queue"), what
+        copied.append((what, created))
+    # Under Django's query capture the same batches go in by INSERT ... RETURNING.
+    with CaptureQueriesContext(connection):
+        inserted = _batches()
+    assert _last_statement().startswith("INSERT INTO axa_queue")
+    for (what, by_copy), (_, by_insert) in zip(copied, inserted, strict=True):
+        assert _stored(by_copy) == _stored(by_insert), what
+        assert [job.args for job in by_copy] == [Job.objects.get(pk=job.pk).args for job in by_copy], what
+    by_name = Job.objects.filter(pk__in=[job.pk for job in copied[0][1]])
+    assert sorted(job.args["s"] for job in by_name) == sorted(ODD)
+    row = Job.objects.get(pk=copied[1][1][0].pk)
+    assert (row.queue, row.priority, row.max_attempts, row.timeout, row.max_losses) == ("q\\ueue %s", -7, 3, 1.5, 2)
+    # The times come from the column defaults: the statement's time, as the INSERT's.
+    assert row.run_at == row.created_at == row.updated_at
+    # The flow counts see COPY's rows as they see the INSERT's: each key counted twice over.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT sum(queued) FROM axa_flow_delta WHERE key = %s", ["k\\ey %s '"])
+        assert cursor.fetchall() == [(2 * len(ODD),)]
+
+
+def test_a_bulk_enqueue_refused_mid_copy_writes_nothing_and_leaves_the_connection_usable():
+    # A trigger refuses the 2,001st row: the server has read two chunks by then.
+    with connection.cursor() as cursor:
+        cursor.execute(REFUSE)
+    try:
+        with pytest.raises(DatabaseError, match="refused row 2000"):
+            enqueue_many("x.y", [{"n": n} for n in range(2500)])
+        assert _last_statement().startswith("COPY axa_queue")
+        assert not Job.objects.exists()
+        with transaction.atomic():
+            kept = jobs.add.perform_later(1)
+            with pytest.raises(DatabaseError, match="refused row 2000"), transaction.atomic():
+                enqueue_many("x.y", [{"n": n} for n in range(2500)])
+            after = enqueue_many("x.y", [{"n": 1}])
+        assert Job.objects.filter(pk__in=[kept.pk, after[0].pk]).count() == 2
+        assert Job.objects.count() == 2
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER axa_test_refuse ON axa_queue; DROP FUNCTION axa_test_refuse()")
+
+
+REFUSE = """
+CREATE FUNCTION axa_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.args->>'n' = '2000' THEN RAISE EXCEPTION 'refused row 2000'; END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER axa_test_refuse BEFORE INSERT ON axa_queue FOR EACH ROW EXECUTE FUNCTION axa_test_refuse();
+"""
