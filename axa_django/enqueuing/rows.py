@@ -252,20 +252,13 @@ def _copy_line(row: list[Any]) -> str:
     job_id, name, args, queue, priority, _, _, _, max_attempts, _, backend, *flow = row
     timeout, concurrency_key, rate_key, max_losses = flow
     # args is JSON text: tabs and newlines in it are escaped already, backslashes not.
-    fields = (
-        str(job_id),
-        _copy_name(name),
-        args.replace("\\", "\\\\"),
-        _copy_name(queue),
-        str(priority),
-        _copy_number(max_attempts),
-        _copy_name(backend),
-        _copy_number(None if timeout is None else float(timeout)),
-        _copy_field(concurrency_key),
-        _copy_field(rate_key),
-        _copy_number(max_losses),
+    args = args.replace("\\", "\\\\")
+    seconds = None if timeout is None else float(timeout)
+    return (
+        f"{job_id.hex}\t{_copy_name(name)}\t{args}\t{_copy_name(queue)}\t{priority}\t{_copy_number(max_attempts)}\t"
+        f"{_copy_name(backend)}\t{_copy_number(seconds)}\t{_copy_field(concurrency_key)}\t{_copy_field(rate_key)}\t"
+        f"{_copy_number(max_losses)}\n"
     )
-    return "\t".join(fields) + "\n"
 
 
 def _bulk_job(using: str, row: list[Any], args: dict[str, Any], watched: bool, status: str = "queued") -> Job:
