@@ -167,3 +167,19 @@ def test_perform_now_returns_the_value_and_writes_nothing():
     assert jobs.add.perform_now(2, b=2) == 4
     assert jobs.add(1, 1) == 2
     assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"priority": 2**31}, "priority must be an int between"),
+        ({"priority": True}, "priority must be an int between"),
+        ({"max_attempts": 2**31}, "max_attempts must be a positive int below 2147483648, not 2147483648"),
+        ({"max_attempts": 0}, "max_attempts must be a positive int"),
+        ({"max_losses": 2**31}, "max_losses must be a positive int"),
+    ],
+)
+def test_an_option_the_column_cannot_hold_is_refused_before_any_sql(options, message, django_assert_num_queries):
+    with django_assert_num_queries(0), pytest.raises(ValueError, match=message):
+        jobs.add.using(**options).perform_later_many([{"a": 1}])
+    assert not Job.objects.exists()

@@ -50,8 +50,8 @@ class Options:
         check_text(self.queue, "queue name")
         if type(self.priority) is not int or not -(2**31) <= self.priority < 2**31:
             raise ValueError(f"priority must be an int between -2147483648 and 2147483647, not {self.priority!r}")
-        if self.max_attempts is not None and (type(self.max_attempts) is not int or self.max_attempts < 1):
-            raise ValueError(f"max_attempts must be a positive int, not {self.max_attempts!r}")
+        if self.max_attempts is not None and (type(self.max_attempts) is not int or not 0 < self.max_attempts < 2**31):
+            raise ValueError(f"max_attempts must be a positive int below 2147483648, not {self.max_attempts!r}")
         if self.max_losses is not None and (type(self.max_losses) is not int or not 0 < self.max_losses < 2**31 - 1):
             raise ValueError(
                 f"max_losses must be a positive int (times the job's worker may die under it), not {self.max_losses!r}"
