@@ -314,6 +314,27 @@ def test_claims_and_outcomes_leave_no_session_setting_behind():
         worker.db.close()
 
 
+def test_the_claim_and_the_finish_skip_the_wal_flush_of_their_own_transaction():
+    # Each sets synchronous_commit off once (an InitPlan), for its transaction alone:
+    # seen here inside a transaction held open around the statement.
+    job = jobs.add.perform_later(1)
+    worker = Worker(concurrency=1, install_signals=False)
+    statement = sql.compose(sql.CLAIM_FULL, worker.handler_names(), [], None)
+    outcome = json.dumps([{"id": str(job.pk), "status": "completed", "result": {"v": 3}, "started": 1.0}])
+    with connect("default", "test") as conn:
+        with conn.transaction():
+            rows = conn.execute(statement, {"worker": worker.id, "limit": 5, "ahead": False}).fetchall()
+            assert [row[0] for row in rows if row[0] is not None] == [job.pk]
+            assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "off"
+        assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
+        with conn.transaction():
+            done = conn.execute(sql.FINISH, {"outcomes": outcome, "worker": worker.id}).fetchall()
+            assert [row[0] for row in done] == [job.pk]
+            assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "off"
+        assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
+    assert fresh(job).status == "completed" and fresh(job).result == 3
+
+
 def test_an_idle_claim_is_one_statement_when_no_queue_has_a_limit():
     # The claim of limited queues, not tried (no queue has a limit), was noted as found
     # empty: the dispatcher then tried every kind again at once, two claims per empty one.

@@ -95,7 +95,7 @@ def perform(job: Claimed, worker_id: uuid.UUID | None, resolve: Callable[[Claime
             job.context._started = time.time()
             args.insert(0, job.context)
         value = call(job.watch, function.func, args, kwargs)
-        if asyncio.iscoroutine(value):
+        if value is not None and asyncio.iscoroutine(value):
             # async_to_sync runs the loop on its own thread and sends the job's
             # sync_to_async calls back to this job thread (and its connection); under
             # asyncio.run they would all queue on one process-wide thread instead.

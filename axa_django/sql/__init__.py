@@ -95,8 +95,8 @@ WITH v AS MATERIALIZED (
   AND NOT q.has_children
     RETURNING q.id
 )
-SELECT id, set_config('synchronous_commit', 'off', true) FROM moved
-UNION ALL SELECT id, set_config('synchronous_commit', 'off', true) FROM retried
+SELECT id, (SELECT set_config('synchronous_commit', 'off', true)) FROM moved
+UNION ALL SELECT id, (SELECT set_config('synchronous_commit', 'off', true)) FROM retried
 """
 
 REGISTER = """

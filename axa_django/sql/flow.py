@@ -225,7 +225,8 @@ WITH state AS (
     RETURNING 1
 )
 SELECT id, name, args, attempts, max_attempts, backend, false, priority, run_at,
-    set_config('synchronous_commit', 'off', true), timeout, now(), (SELECT count(*) FROM spent)
+    (SELECT set_config('synchronous_commit', 'off', true)), timeout, extract(epoch FROM now())::float8,
+    (SELECT count(*) FROM spent)
 FROM claimed
 """
 RATE_WAIT = """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import uuid
 from typing import Any
 
@@ -93,6 +94,9 @@ class Claimer:
             jobs.append(job)
         self.ledger.hold(jobs)
         for job, function, timeout, claimed_at in timed_jobs:  # held first: the watchdog finds them there
+            # The claim's time, read as seconds (sql.CLAIM_RETURNING).
+            if claimed_at is not None:
+                claimed_at = datetime.datetime.fromtimestamp(claimed_at, datetime.UTC)
             self.watchdog.watch(job, function=function, timeout=timeout, claimed_at=claimed_at)
         return jobs
 
