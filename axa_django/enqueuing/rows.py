@@ -210,7 +210,7 @@ def _as_json(row: list[Any]) -> str:
     wait = "null" if delay is None else f'"{delay // _MICROSECOND} microseconds"'
     attempts = "null" if max_attempts is None else str(max_attempts)
     return (
-        f'{{"id":"{job_id}","name":{_json_name(name)},"args":{args},"queue":{_json_name(queue)},'
+        f'{{"id":"{job_id.hex}","name":{_json_name(name)},"args":{args},"queue":{_json_name(queue)},'
         f'"priority":{priority},"run_at":{when},"delay":{wait},"floor":{"true" if floor else "false"},'
         f'"max_attempts":{attempts},"unique_key":{_json_text(unique_key)},"backend":{_json_text(backend)},'
         f'"timeout":{"null" if timeout is None else repr(float(timeout))},'
