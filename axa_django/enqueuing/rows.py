@@ -220,9 +220,10 @@ def _as_json(row: list[Any]) -> str:
 
 
 # Rows the database computes nothing for (no run_at, no delay: the column defaults say
-# "now"; no unique key to settle) go in by COPY, which the server takes at about 60% of
-# the CPU of an INSERT of the same rows, and which it reads while later rows are still
-# being written here. Its text format escapes backslash, tab, newline and carriage return.
+# "now"; no unique key to settle) go in by COPY, which the server takes at about half the
+# CPU per row of the INSERT below (benchmarks/results/pg15-bulk-copy-ab.txt), and reads
+# while later rows are still being written here. Its text format escapes backslash, tab,
+# newline and carriage return.
 _COPY = (
     "COPY axa_queue (id, name, args, queue, priority, max_attempts, backend, timeout, concurrency_key, rate_key, "
     "max_losses) FROM STDIN"
