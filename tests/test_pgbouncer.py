@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -146,3 +147,43 @@ def test_transaction_pool_is_left_without_session_state(pgbouncer: Start, worker
     assert len(seen) == POOL_SIZE
     assert used & set(seen), (used, seen)
     assert {pid: state for pid, state in seen.items() if state != ("on", [], [])} == {}
+
+
+ENQUEUE_THROUGH_THE_POOL = """
+from django.db import transaction
+from tests.testapp import jobs
+log = {log!r}
+jobs.record.perform_later_many([{{"token": f"a{{i}}", "log": log}} for i in range(2500)])
+with transaction.atomic():
+    jobs.record.perform_later("one", log)
+    jobs.record.perform_later_many([{{"token": f"b{{i}}", "log": log}} for i in range(2500)])
+try:
+    with transaction.atomic():
+        jobs.record.perform_later_many([{{"token": f"gone{{i}}", "log": log}} for i in range(2500)])
+        raise RuntimeError("rolled back")
+except RuntimeError:
+    pass
+print("enqueued")
+"""
+
+
+def test_bulk_enqueues_by_copy_through_a_transaction_pool_commit_and_roll_back_with_their_transaction(
+    pgbouncer: Start, workers: Workers, log_file: str
+) -> None:
+    # A Django app behind a transaction pool: its bulk enqueues go in by COPY, in and out
+    # of atomic(), and a worker behind the same pool runs each job once.
+    bouncer = pgbouncer("transaction")
+    env = worker_env(workers, bouncer, AXA_TEST_POOLING="1")
+    script = ENQUEUE_THROUGH_THE_POOL.format(log=log_file)
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "shell", "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and "enqueued" in done.stdout, done.stdout + done.stderr
+    assert Job.objects.count() == 5001
+    procs = [workers.start("--burst", "--concurrency", "4", env=env) for _ in range(2)]
+    for proc in procs:
+        code, output = finish(proc)
+        assert code == 0, output
+    runs = Counter(Path(log_file).read_text().split())
+    assert len(runs) == 5001 and set(runs.values()) == {1}, [t for t, n in runs.items() if n > 1][:10]
+    assert not [token for token in runs if token.startswith("gone")]
