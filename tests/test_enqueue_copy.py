@@ -1,8 +1,12 @@
 """A bulk enqueue goes in by COPY when the database computes nothing for its rows; it stores what the INSERT stores."""
 
+import datetime
+import zoneinfo
+
 import psycopg
 import pytest
 from django.db import DatabaseError, connection, transaction
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from axa_django import Job, enqueue_many
@@ -119,3 +123,14 @@ BEGIN
 END $$;
 CREATE TRIGGER axa_test_refuse BEFORE INSERT ON axa_queue FOR EACH ROW EXECUTE FUNCTION axa_test_refuse();
 """
+
+
+@override_settings(USE_TZ=False, TIME_ZONE="Asia/Kolkata")
+def test_a_bulk_enqueue_by_copy_reads_its_times_as_the_orm_does_with_use_tz_false():
+    created = jobs.add.perform_later_many([{"a": 1}, {"a": 2}])
+    assert _last_statement().startswith("COPY axa_queue")
+    # The times were filled in by the database: loaded on first access, naive, in TIME_ZONE.
+    local_now = datetime.datetime.now(zoneinfo.ZoneInfo("Asia/Kolkata")).replace(tzinfo=None)
+    for job in created:
+        assert job.run_at.tzinfo is None and job.run_at == Job.objects.get(pk=job.pk).run_at
+        assert abs(job.created_at - local_now) < datetime.timedelta(minutes=1)
