@@ -38,12 +38,32 @@ def intervals(log: Path) -> dict[tuple[str, str], list[tuple[float, float]]]:
 
 
 def most_at_once(spans: list[tuple[float, float]]) -> int:
-    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    """The most spans open at one instant; back to back (one's end, the next's start) is not at once.
+
+    A span that ends the instant it starts (a job run within the log's microsecond) counts
+    once, with the spans open around it.
+    """
+    lasting = [(start, end) for start, end in spans if end > start]
+    events = sorted([(start, 1) for start, _ in lasting] + [(end, -1) for _, end in lasting])
     running = peak = 0
     for _, step in events:  # an end at the same instant as a start sorts first
         running += step
         peak = max(peak, running)
+    for start, end in spans:
+        if end <= start:
+            peak = max(peak, 1 + sum(1 for a, b in lasting if a < start < b))
     return peak
+
+
+def test_most_at_once_counts_a_span_of_no_length_and_not_spans_back_to_back() -> None:
+    # The fleet test of held keys failed on CI with a free key's one run logged as
+    # (t, t): its end sorted before its start, it counted as 0 at once, "not 1".
+    assert most_at_once([(5.0, 5.0)]) == 1
+    assert most_at_once([(0.0, 10.0), (5.0, 5.0)]) == 2
+    assert most_at_once([(0.0, 5.0), (5.0, 7.0)]) == 1
+    assert most_at_once([(0.0, 5.0), (5.0, 5.0), (5.0, 7.0)]) == 1
+    assert most_at_once([(0.0, 5.0), (4.0, 7.0)]) == 2
+    assert most_at_once([]) == 0
 
 
 def tokens(log: Path) -> Counter[str]:
