@@ -35,6 +35,7 @@ from .claims import (
 from .claims import (
     NEXT_RUN as NEXT_RUN,
 )
+from .claims import NO_FLUSH
 from .claims import (
     PAUSED_ANY as PAUSED_ANY,
 )
@@ -95,8 +96,8 @@ WITH v AS MATERIALIZED (
   AND NOT q.has_children
     RETURNING q.id
 )
-SELECT id, (SELECT set_config('synchronous_commit', 'off', true)) FROM moved
-UNION ALL SELECT id, (SELECT set_config('synchronous_commit', 'off', true)) FROM retried
+SELECT id, {NO_FLUSH} FROM moved
+UNION ALL SELECT id, {NO_FLUSH} FROM retried
 """
 
 REGISTER = """

@@ -38,12 +38,14 @@ SET status = 'running', updated_at = now(),
     attempts = LEAST(q.attempts, 2147483646) + 1, worker_id = %(worker)s, cancel_requested = false,
     run_at = CASE WHEN q.run_at = '-infinity' THEN now() ELSE q.run_at END"""
 # The setting and the claim's time are the same for every row: the one is set once (an
-# InitPlan), the other read as seconds, which the worker loads at about a tenth of the
-# cost of a timestamptz (it turns them into a time only for jobs with a timeout).
-CLAIM_RETURNING = """
+# InitPlan) for the statement's own transaction, the other read as seconds, which the
+# worker loads at about a tenth of the cost of a timestamptz (it turns them into a time
+# only for jobs with a timeout). Shared with the rated claim (flow.py) and FINISH.
+NO_FLUSH = "(SELECT set_config('synchronous_commit', 'off', true))"
+CLAIM_TIME = "extract(epoch FROM now())::float8"
+CLAIM_RETURNING = f"""
 RETURNING q.id, q.name, q.args::text, q.attempts, q.max_attempts, q.backend, q.started_at IS NULL,
-    q.priority, q.run_at, (SELECT set_config('synchronous_commit', 'off', true)), q.timeout,
-    extract(epoch FROM now())::float8
+    q.priority, q.run_at, {NO_FLUSH}, q.timeout, {CLAIM_TIME}
 """
 CLAIM = f"""
 UPDATE ONLY axa_queue q{CLAIMED}

@@ -7,7 +7,7 @@ between starts), numbers only, by worker/limited.py before that.
 
 from __future__ import annotations
 
-from .claims import CLAIM_RETURNING, CLAIMED
+from .claims import CLAIM_RETURNING, CLAIM_TIME, CLAIMED, NO_FLUSH
 
 # Jobs with a concurrency limit are claimed apart, so that jobs without one keep the
 # CLAIM of sql.py unchanged. Four statements in one pipeline (one round trip;
@@ -194,7 +194,7 @@ SELECT set_config('axa.pairs', COALESCE(
         (SELECT jsonb_agg(jsonb_build_object('name', name, 'key', key, 'cap', cap)) FROM found), '[]')::text, true),
     (SELECT key FROM found ORDER BY n DESC LIMIT 1)
 """
-CLAIM_RATED = """
+CLAIM_RATED = f"""
 WITH state AS (
     SELECT p.name, p.key, p.cap AS step, COALESCE(b.tat, '-infinity') AS tat
     FROM jsonb_to_recordset(current_setting('axa.pairs')::jsonb) AS p(name text, key text, cap float8)
@@ -203,7 +203,7 @@ WITH state AS (
     SELECT c.id, s.name, s.key, s.step FROM state s CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM ONLY axa_queue
         WHERE status = 'queued' AND rate_key = s.key AND name = s.name AND run_at <= now()
-          {queue_filter} {paused}
+          {{queue_filter}} {{paused}}
         ORDER BY priority DESC, run_at
         LIMIT CASE WHEN s.tat <= now() THEN 1 ELSE 0 END
         FOR UPDATE SKIP LOCKED
@@ -225,8 +225,7 @@ WITH state AS (
     RETURNING 1
 )
 SELECT id, name, args, attempts, max_attempts, backend, false, priority, run_at,
-    (SELECT set_config('synchronous_commit', 'off', true)), timeout, extract(epoch FROM now())::float8,
-    (SELECT count(*) FROM spent)
+    {NO_FLUSH}, timeout, {CLAIM_TIME}, (SELECT count(*) FROM spent)
 FROM claimed
 """
 RATE_WAIT = """
