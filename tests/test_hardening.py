@@ -106,6 +106,39 @@ def test_rows_the_worker_cannot_decode_fail_alone_and_the_worker_keeps_draining(
     assert rows[good.pk].status == "completed" and rows[good.pk].result == 5
 
 
+# Before year 1 (in UTC: "0001-01-01 00:30+01" is 1 BC there), which Python cannot load.
+BEFORE_YEAR_ONE = ["'0044-03-15 BC'", "'4713-01-01 00:00:00+00 BC'", "'0001-01-01 00:30:00+01'"]
+
+
+@pytest.mark.parametrize("run_at", BEFORE_YEAR_ONE)
+def test_a_row_due_before_year_one_runs_and_the_rows_claimed_with_it_too(workers, run_at):
+    # Loading such a run_at failed the whole claim after it had committed: every row
+    # it took was left running under a worker that never ran them, and it went again
+    # at each rescue. Plain, concurrency-limited and rate-limited claims alike.
+    from tests.testapp import flow_jobs
+
+    names = {
+        "plain": "tests.testapp.jobs.add",
+        "limited": "tests.testapp.flow_jobs.one_per_account",
+        "rated": "tests.testapp.flow_jobs.five_per_second",
+    }
+    args = {"plain": '{"a": 1, "b": 2}', "limited": '{"account_id": 7}', "rated": '{"api": "x"}'}
+    keys = {"plain": {}, "limited": {"concurrency_key": "'acct:7'"}, "rated": {"rate_key": "'x'"}}
+    old = {kind: insert_row(names[kind], args[kind], run_at=run_at, **keys[kind]) for kind in names}
+    others = [jobs.add.perform_later(i, 1) for i in range(5)] + [flow_jobs.one_per_account.perform_later(8)]
+    code, output = burst(workers, "--concurrency", "2")
+    assert code == 0, output
+    assert "DataError" not in output, output
+    for kind, pk in old.items():
+        row = Job.objects.get(pk=pk)
+        assert row.status == "completed", (kind, row.status, row.error, output)
+        assert row.run_at.year >= 2000, (kind, row.run_at)  # the claim's time: every reader can load it
+    assert [fresh(job).status for job in others] == ["completed"] * len(others), (
+        [fresh(job).error for job in others],
+        output,
+    )
+
+
 def test_an_idle_worker_lives_next_to_a_row_due_at_infinity(workers):
     insert_row("tests.testapp.jobs.add", '{"a": 1}', run_at="'infinity'")
     proc = workers.start("--concurrency", "1")

@@ -38,6 +38,11 @@ def enqueue(conn: psycopg.Connection, count: int, name: str = NAME, priority: in
     )
 
 
+def naive(when: datetime.datetime) -> datetime.datetime:
+    """``when`` as a claim returns run_at: in UTC, without a zone (sql.CLAIM_RUN_AT)."""
+    return when.astimezone(datetime.UTC).replace(tzinfo=None)
+
+
 class Claimer:
     """The worker's plain claim, driven by hand: the same statements and floors (claimlanes.Lanes)."""
 
@@ -380,8 +385,9 @@ def test_rows_queued_with_a_past_run_at_announce_it_and_others_do_not():
     ready = [payload for payload in payloads if payload.startswith("ready:")]
     assert len(ready) == 3, payloads  # the insert an hour back, its return to the queue, '-infinity'
     lanes = Lanes()
-    now = datetime.datetime.now(datetime.UTC)  # as psycopg gives run_at, whatever USE_TZ says
-    lanes.learn([(None, NAME, None, 1, None, None, False, 0, now)], (1, 1, now), full=True)
+    now = datetime.datetime.now(datetime.UTC)  # the snapshot's time, as psycopg gives it whatever USE_TZ says
+    row = (None, NAME, None, 1, None, None, False, 0, naive(now - datetime.timedelta(seconds=1)))
+    lanes.learn([row], (1, 1, now), full=True)
     lanes.heard(ready[0])
     assert lanes.bounded() and lanes.fronts[(NAME, 0)] < now - datetime.timedelta(minutes=59)
     lanes.heard(ready[2])  # '-Infinity': walk from the start
@@ -394,7 +400,10 @@ def test_a_claim_of_some_names_gets_the_floors_of_their_lanes_only():
     early = late - datetime.timedelta(hours=1)
     snap = (1, 1, late + datetime.timedelta(seconds=1))
     lanes.learn(
-        [(None, "a", None, 1, None, None, False, 0, early), (None, "b", None, 1, None, None, False, 5, late)],
+        [
+            (None, "a", None, 1, None, None, False, 0, naive(early)),
+            (None, "b", None, 1, None, None, False, 5, naive(late)),
+        ],
         snap,
         full=True,
     )
@@ -407,8 +416,9 @@ def test_a_claim_of_some_names_gets_the_floors_of_their_lanes_only():
 def test_a_look_after_a_full_walk_was_asked_for_keeps_the_claims_on_their_floors_and_one_before_does_not():
     lanes = Lanes()
     now = datetime.datetime.now(datetime.UTC)
-    lanes.learn([(None, NAME, None, 1, None, None, False, 0, now)], (1, 1, now), full=True)
-    assert lanes.bounded() and lanes.shown == (((NAME, 0), now - MARGIN),)
+    at = now + MARGIN + datetime.timedelta(seconds=1)
+    lanes.learn([(None, NAME, None, 1, None, None, False, 0, naive(now))], (1, 1, at), full=True)
+    assert lanes.bounded() and lanes.shown == (((NAME, 0), now),)
     started = time.monotonic()
     lanes.forget()  # a full walk asked for (an error, a new connection) after that look began
     lanes.looked(None, started, 60.0)

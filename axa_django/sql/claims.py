@@ -20,7 +20,9 @@ import psycopg.sql
 # django.tasks rows (backend set) are walked per backend alias instead, any task path:
 # the worker resolves their task and refuses anything that is not one (taskrunner.py).
 # attempts stops short of int overflow so that no row can make the claim fail, and a
-# run_at of '-infinity' becomes the claim's time, which Python (and the admin) can load.
+# run_at before year 1 in UTC ('-infinity', a date BC) becomes the claim's time, which
+# Python (and the admin) can load: loading such a time failed the claim after it had
+# committed, and left every row it took running under a worker that never ran them.
 # started_at is set at once unless %(ahead)s (rows claimed ahead of free threads): then
 # it is written when a thread has started the job (MARK_STARTED, FINISH), and a row a
 # dead worker held without starting is queued again without losing an attempt. A row
@@ -32,20 +34,24 @@ import psycopg.sql
 # statistics said nothing was queued walked the whole ready index for the ids.
 # RETURNING comes in no particular order: the worker sorts by priority and run_at.
 # What a claim writes and returns, shared with the limited claim (sqlflow.py).
-CLAIMED = """
+RUN_AT = "CASE WHEN q.run_at < '0001-01-01 00:00:00+00' THEN now() ELSE q.run_at END"
+CLAIMED = f"""
 SET status = 'running', updated_at = now(),
     started_at = CASE WHEN NOT %(ahead)s OR q.errors <> '[]'::jsonb THEN now() END,
     attempts = LEAST(q.attempts, 2147483646) + 1, worker_id = %(worker)s, cancel_requested = false,
-    run_at = CASE WHEN q.run_at = '-infinity' THEN now() ELSE q.run_at END"""
+    run_at = {RUN_AT}"""
 # The setting and the claim's time are the same for every row: the one is set once (an
 # InitPlan) for the statement's own transaction, the other read as seconds, which the
 # worker loads at about a tenth of the cost of a timestamptz (it turns them into a time
 # only for jobs with a timeout). Shared with the rated claim (flow.py) and FINISH.
 NO_FLUSH = "(SELECT set_config('synchronous_commit', 'off', true))"
 CLAIM_TIME = "extract(epoch FROM now())::float8"
+# run_at as a UTC time without a zone: the worker only orders rows by it and keeps the
+# newest per lane (worker/lanes.py), and loads it at a fifth of a timestamptz's cost.
+CLAIM_RUN_AT = "(q.run_at AT TIME ZONE 'UTC')"
 CLAIM_RETURNING = f"""
 RETURNING q.id, q.name, q.args::text, q.attempts, q.max_attempts, q.backend, q.started_at IS NULL,
-    q.priority, q.run_at, {NO_FLUSH}, q.timeout, {CLAIM_TIME}
+    q.priority, {CLAIM_RUN_AT}, {NO_FLUSH}, q.timeout, {CLAIM_TIME}
 """
 CLAIM = f"""
 UPDATE ONLY axa_queue q{CLAIMED}
@@ -64,7 +70,7 @@ WITH claimed AS ({claim}), snap AS MATERIALIZED (
 )
 SELECT c.*, NULL::int8, NULL::int8, NULL::timestamptz FROM claimed c
 UNION ALL
-SELECT NULL::uuid, NULL, NULL, NULL::int, NULL::int, NULL, NULL::bool, NULL::int, NULL::timestamptz, NULL,
+SELECT NULL::uuid, NULL, NULL, NULL::int, NULL::int, NULL, NULL::bool, NULL::int, NULL::timestamp, NULL,
     NULL::float8, NULL::float8, snap.xmin, snap.xmax, snap.at FROM snap
 """
 CLAIM_FULL = _SNAPPED.replace("{claim}", CLAIM)

@@ -7,7 +7,7 @@ between starts), numbers only, by worker/limited.py before that.
 
 from __future__ import annotations
 
-from .claims import CLAIM_RETURNING, CLAIM_TIME, CLAIMED, NO_FLUSH
+from .claims import CLAIM_RETURNING, CLAIM_RUN_AT, CLAIM_TIME, CLAIMED, NO_FLUSH, RUN_AT
 
 # Jobs with a concurrency limit are claimed apart, so that jobs without one keep the
 # CLAIM of sql.py unchanged. Four statements in one pipeline (one round trip;
@@ -213,7 +213,7 @@ WITH state AS (
     UPDATE ONLY axa_queue q
     SET status = 'running', started_at = now(), updated_at = now(),
         attempts = LEAST(q.attempts, 2147483646) + 1, worker_id = %(worker)s, cancel_requested = false,
-        run_at = CASE WHEN q.run_at = '-infinity' THEN now() ELSE q.run_at END
+        run_at = {RUN_AT}
     FROM picked
     WHERE q.id = picked.id
     RETURNING q.id, q.name, q.args::text, q.attempts, q.max_attempts, q.backend, q.priority, q.run_at,
@@ -224,9 +224,9 @@ WITH state AS (
     ON CONFLICT (name, key) DO UPDATE SET tat = EXCLUDED.tat
     RETURNING 1
 )
-SELECT id, name, args, attempts, max_attempts, backend, false, priority, run_at,
+SELECT id, name, args, attempts, max_attempts, backend, false, priority, {CLAIM_RUN_AT},
     {NO_FLUSH}, timeout, {CLAIM_TIME}, (SELECT count(*) FROM spent)
-FROM claimed
+FROM claimed q
 """
 RATE_WAIT = """
 SELECT extract(epoch FROM min(b.tat) - now())::float8

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import operator
 import uuid
 from typing import Any
 
@@ -19,6 +20,8 @@ from .options import Options
 from .queuelimits import QueueClaim
 from .quiet import Quiet
 from .watchdog import Watchdog
+
+_PRIORITY, _RUN_AT = operator.itemgetter(7), operator.itemgetter(8)  # of a claimed row (sql.CLAIM_RETURNING)
 
 
 class Claimer:
@@ -69,7 +72,9 @@ class Claimer:
             if more is None and not rows:
                 return None
             rows += quiet.note("plain", more or [], stirs) if limited else more or []
-        rows.sort(key=lambda row: (-row[7], row[8]))  # the claims' own order: threads take the best first
+        # The claims' own order, priority first, then run_at: threads take the best first.
+        rows.sort(key=_RUN_AT)
+        rows.sort(key=_PRIORITY, reverse=True)  # stable, reversed too: equal priorities keep run_at's order
         # The dispatcher's thread builds every claimed job, and in a drain of short jobs it
         # is the one the job threads wait on: what can be, is looked up once per name.
         kinds: dict[str, tuple[Any, bool, bool]] = {}
@@ -115,7 +120,7 @@ class Claimer:
             params["floors"] = lanes.floors(key)
         else:
             statement = self.composed(sql.CLAIM_FULL, names)
-        rows = self.db.execute(statement, params)
+        rows = self.db.execute(statement, params, binary=True)
         if rows is None:
             lanes.forget()
             return None

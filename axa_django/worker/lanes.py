@@ -110,14 +110,25 @@ class Lanes:
         full: bool,
     ) -> None:
         """Record a claim: the rows it took (name at 1, backend at 5, priority at 7,
-        run_at at 8) and its snapshot (oldest running transaction id, next id, time)."""
+        run_at at 8, in UTC without a zone) and its snapshot (oldest running transaction
+        id, next id, time)."""
         xmin, xmax, at = snap
+        # A run_at equal to the claim's own time is not where the walk stood: the claim
+        # moved the row up from before year 1 (sql.RUN_AT). Taken as a front, it put
+        # every row still queued in that lane behind the floor.
+        moved_up = at.astimezone(datetime.UTC).replace(tzinfo=None)
+        newest: dict[tuple[str, int], datetime.datetime] = {}
         for row in rows:
-            lane = (row[1], row[7])
-            if row[5] is not None or (lane not in self.fronts and len(self.fronts) >= MAX_LANES):
+            lane, run_at = (row[1], row[7]), row[8]
+            if row[5] is None and run_at != moved_up and (lane not in newest or newest[lane] < run_at):
+                newest[lane] = run_at
+        fronts = self.fronts
+        for lane, run_at in newest.items():
+            if lane not in fronts and len(fronts) >= MAX_LANES:
                 continue
-            if lane not in self.fronts or self.fronts[lane] < row[8]:
-                self.fronts[lane] = row[8]
+            front = run_at.replace(tzinfo=datetime.UTC)
+            if lane not in fronts or fronts[lane] < front:
+                fronts[lane] = front
         if full:
             self._next_full = time.monotonic() + self.full_scan
         self._xmax.append(xmax)
