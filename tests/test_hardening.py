@@ -483,3 +483,68 @@ def test_a_row_python_cannot_decode_loads_as_its_text_and_saves_unchanged():
     with connection.cursor() as cursor:
         cursor.execute("SELECT args::text = %s::jsonb::text, priority FROM axa_queue WHERE id = %s", [text, pk])
         assert cursor.fetchone() == (True, 3)
+
+
+# Times Python cannot hold, as another producer or psql may write them.
+OUT_OF_RANGE = {"before": "'0044-03-15 BC'", "minus_infinity": "'-infinity'", "after": "'20000-01-01'"}
+
+
+@pytest.mark.parametrize("column", ["created_at", "updated_at", "started_at", "finished_at"])
+@pytest.mark.parametrize("value", OUT_OF_RANGE.values(), ids=OUT_OF_RANGE.keys())
+def test_the_admin_and_the_orm_load_a_time_python_cannot_hold_and_the_worker_runs_the_row(
+    workers, admin_client, column, value
+):
+    # Loading such a time failed the whole query: the admin's job list answered 500.
+    pk = insert_row("tests.testapp.jobs.add", '{"a": 1, "b": 2}', **{column: value})
+    for url in ["/admin/axa_django/job/", "/admin/axa_django/queuedashboard/", f"/admin/axa_django/job/{pk}/change/"]:
+        response = admin_client.get(url)
+        assert response.status_code == 200, url
+    shown = getattr(Job.objects.get(pk=pk), column)
+    assert isinstance(shown, datetime.datetime)
+    assert shown.year == (9999 if value == OUT_OF_RANGE["after"] else 1), shown
+    code, output = burst(workers, "--concurrency", "2")
+    assert code == 0, output
+    row = Job.objects.get(pk=pk)
+    assert row.status == "completed" and row.result == 3, (row.status, row.error)
+    assert Job.objects.filter(status="completed").count() == 1
+    response = admin_client.get("/admin/axa_django/job/")
+    assert response.status_code == 200
+
+
+def test_a_time_python_cannot_hold_is_shown_as_the_nearest_and_never_saved_back(settings):
+    from axa_django.models import OutOfRange
+
+    pk = insert_row("tests.testapp.jobs.add", '{"a": 1}', created_at="'0044-03-15 BC'", started_at="NULL")
+    job = Job.objects.get(pk=pk)
+    assert isinstance(job.created_at, OutOfRange) and job.created_at == datetime.datetime.min.replace(
+        tzinfo=datetime.UTC
+    )
+    assert job.started_at is None  # NULL stays NULL
+    assert Job.objects.filter(pk=pk).values_list("created_at", flat=True).get().year == 1
+    job.priority = 3
+    with pytest.raises(ValueError, match="created_at was read as 0001-01-01T00:00:00"):
+        job.save()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT created_at::text, priority FROM axa_queue WHERE id = %s", [pk])
+        assert cursor.fetchone() == ("0044-03-15 00:00:00+00 BC", 0)  # nothing written
+    settings.USE_TZ, settings.TIME_ZONE = False, "America/New_York"
+    connection.close()  # the next connection takes the session time zone from the settings
+    naive = Job.objects.get(pk=pk).created_at
+    assert isinstance(naive, OutOfRange) and naive == datetime.datetime.min  # local time, and still loadable
+
+
+@pytest.mark.parametrize("value", ["'20000-01-01'", "'infinity'"])
+def test_a_row_due_after_year_9999_fails_as_never_due_saying_when_and_the_admin_shows_it(workers, admin_client, value):
+    pk = insert_row("tests.testapp.jobs.add", '{"a": 1, "b": 2}', run_at=value)
+    assert admin_client.get("/admin/axa_django/job/").status_code == 200  # before the worker failed it
+    proc = workers.start("--concurrency", "1")
+    wait_for(lambda: Job.objects.get(pk=pk).status == "failed", what="the never-due row failed")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    row = Job.objects.get(pk=pk)
+    expected = "'infinity'" if value == "'infinity'" else "20000-01-01 00:00:00+00"
+    assert (
+        row.error == f"NeverDue: run_at was {expected}, so this job could never run; enqueue it again with a real time"
+    )
+    assert row.run_at.year >= 2000
+    assert admin_client.get(f"/admin/axa_django/job/{pk}/change/").status_code == 200

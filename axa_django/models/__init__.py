@@ -1,6 +1,17 @@
 """The app's tables: ``jobs`` (axa_queue), ``workflows`` (groups, edges), ``queue`` (workers, pauses...)."""
 
-from .jobs import QUEUED, FailedJob, Job, JobQuerySet, QueueDashboard, RetryResult, RowJSONField, Undecodable
+from .jobs import (
+    QUEUED,
+    FailedJob,
+    Job,
+    JobQuerySet,
+    OutOfRange,
+    QueueDashboard,
+    RetryResult,
+    RowDateTimeField,
+    RowJSONField,
+    Undecodable,
+)
 from .queue import FinishedHour, QueueLimit, QueuePause, RateBucket, Schedule, Worker
 from .workflows import Dependency, Workflow
 
@@ -11,11 +22,13 @@ __all__ = [
     "FinishedHour",
     "Job",
     "JobQuerySet",
+    "OutOfRange",
     "QueueDashboard",
     "QueueLimit",
     "QueuePause",
     "RateBucket",
     "RetryResult",
+    "RowDateTimeField",
     "RowJSONField",
     "Schedule",
     "Undecodable",

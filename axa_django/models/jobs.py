@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import uuid
 from typing import Any
 
@@ -170,6 +171,49 @@ class RowJSONField(models.JSONField):
         return name, "django.db.models.JSONField", args, kwargs
 
 
+class OutOfRange(datetime.datetime):
+    """A time read from a row that Python cannot hold (before year 1, after 9999, infinity): the nearest it can."""
+
+
+# The first and last times Python holds, in the session's time zone, in which psycopg
+# loads them (UTC under USE_TZ, else the database's TIME_ZONE).
+_FIRST = "'0001-01-01 00:00:00'::timestamp AT TIME ZONE current_setting('TimeZone')"
+_LAST = "'9999-12-31 23:59:59.999999'::timestamp AT TIME ZONE current_setting('TimeZone')"
+
+
+class RowDateTimeField(models.DateTimeField):
+    """A DateTimeField that loads any row: a time Python cannot hold comes back as ``OutOfRange``, the nearest it can.
+
+    Rows written by other producers may hold '-infinity' or a date BC; loading one
+    failed the whole query, and so the admin's job list. Saving such a time back
+    raises instead of writing the nearest time in its place.
+    """
+
+    def select_format(self, compiler: Any, sql: str, params: Any) -> Any:
+        sql, params = super().select_format(compiler, sql, params)
+        clamped = f"CASE WHEN {sql} < {_FIRST} THEN {_FIRST} WHEN {sql} > {_LAST} THEN {_LAST} ELSE {sql} END"
+        return clamped, (*params, *params, *params)
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        if value is not None and value.replace(tzinfo=None) in (datetime.datetime.min, datetime.datetime.max):
+            return OutOfRange(*value.timetuple()[:6], value.microsecond, tzinfo=value.tzinfo)
+        return value
+
+    def get_db_prep_value(self, value: Any, connection: Any, prepared: bool = False) -> Any:
+        if isinstance(value, OutOfRange):
+            raise ValueError(
+                f"{self.name} was read as {value.isoformat()}, the nearest time Python holds to the row's own "
+                "(before year 1 or after 9999); saving would write that in its place: set it with "
+                "QuerySet.update() or SQL instead"
+            )
+        return super().get_db_prep_value(value, connection, prepared)
+
+    def deconstruct(self) -> Any:
+        # Only loading differs: migrations see a plain DateTimeField.
+        name, _, args, kwargs = super().deconstruct()
+        return name, "django.db.models.DateTimeField", args, kwargs
+
+
 # Queued, said so that only the claim indexes match it (see Job.Meta.indexes).
 QUEUED = models.Q(status__gte="queued", status__lte="queued")
 
@@ -191,10 +235,10 @@ class Job(models.Model):
     args = RowJSONField(default=dict)
     status = models.TextField(choices=Status, default=Status.QUEUED, db_default=Status.QUEUED)
     error = models.TextField(null=True, blank=True)
-    run_at = models.DateTimeField(db_default=Now())
-    started_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(db_default=Now())
-    updated_at = models.DateTimeField(db_default=Now())
+    run_at = RowDateTimeField(db_default=Now())
+    started_at = RowDateTimeField(null=True, blank=True)
+    created_at = RowDateTimeField(db_default=Now())
+    updated_at = RowDateTimeField(db_default=Now())
     # Beyond the seed: each has a database default or is nullable, so the seed's
     # statements still run against this table.
     queue = models.TextField(db_default="default")
@@ -206,7 +250,7 @@ class Job(models.Model):
     losses = models.IntegerField(db_default=0)
     max_losses = models.IntegerField(null=True, blank=True)
     worker_id = models.UUIDField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
+    finished_at = RowDateTimeField(null=True, blank=True)
     errors = RowJSONField(db_default=models.Value([], models.JSONField()))
     result = RowJSONField(null=True, blank=True)
     unique_key = models.TextField(null=True, blank=True)

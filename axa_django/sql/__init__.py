@@ -175,17 +175,22 @@ WHERE q.id = lost.id
 RETURNING q.id, q.status
 """
 
-# A queued row whose run_at is 'infinity' can never become due: fail it, saying why,
-# and give it a finite run_at so that every reader of the row can load it.
+# A queued row whose run_at is 'infinity', or after year 9999 (which Python cannot hold
+# either), can never become due: fail it, saying why, and give it a finite run_at so that
+# every reader of the row can load it.
 FAIL_NEVER_DUE = """
-UPDATE ONLY axa_queue
+WITH never AS (
+    SELECT id, 'run_at was ' || CASE WHEN run_at = 'infinity' THEN '''infinity''' ELSE run_at::text END
+        || ', so this job could never run' AS why
+    FROM ONLY axa_queue WHERE status = 'queued' AND run_at >= '10000-01-01 00:00:00+00'
+)
+UPDATE ONLY axa_queue q
 SET status = 'failed', run_at = now(), finished_at = now(), updated_at = now(),
-    error = 'NeverDue: run_at was ''infinity'', so this job could never run; enqueue it again with a real time',
-    errors = errors || jsonb_build_array(jsonb_build_object(
-        'attempt', attempts, 'at', now(), 'worker', NULL, 'type', 'NeverDue',
-        'message', 'run_at was ''infinity'', so this job could never run', 'traceback', ''))
-WHERE status = 'queued' AND run_at = 'infinity'
-RETURNING id
+    error = 'NeverDue: ' || never.why || '; enqueue it again with a real time',
+    errors = q.errors || jsonb_build_array(jsonb_build_object(
+        'attempt', q.attempts, 'at', now(), 'worker', NULL, 'type', 'NeverDue', 'message', never.why, 'traceback', ''))
+FROM never WHERE q.id = never.id AND q.status = 'queued'
+RETURNING q.id
 """
 
 # Give back jobs this worker will not finish (hard shutdown).

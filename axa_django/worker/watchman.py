@@ -47,7 +47,7 @@ class Watchman:
             )
         rows = run(sql.FAIL_NEVER_DUE, {})
         if rows:
-            logger.warning("failed %d job(s) whose run_at was 'infinity'", len(rows))
+            logger.warning("failed %d job(s) whose run_at was 'infinity' or after year 9999", len(rows))
         run(dependencies.SWEEP, {})  # children of parents ended outside a finisher
 
     def watch(self, run: Run) -> None:
