@@ -548,3 +548,20 @@ def test_a_row_due_after_year_9999_fails_as_never_due_saying_when_and_the_admin_
     )
     assert row.run_at.year >= 2000
     assert admin_client.get(f"/admin/axa_django/job/{pk}/change/").status_code == 200
+
+
+@pytest.mark.parametrize("zone", ["America/New_York", "Asia/Kolkata"])
+@pytest.mark.parametrize("use_tz", [True, False], ids=["USE_TZ", "naive"])
+def test_the_admin_shows_times_python_cannot_hold_in_any_time_zone(admin_client, settings, zone, use_tz):
+    # The nearest time Python holds, moved into a zone west or east of UTC, leaves that range.
+    settings.USE_TZ, settings.TIME_ZONE = use_tz, zone
+    connection.close()  # the next connection takes the session time zone from the settings
+    early = insert_row("tests.testapp.jobs.add", '{"a": 1}', created_at="'0044-03-15 BC'", run_at="'-infinity'")
+    late = insert_row("tests.testapp.jobs.add", '{"a": 1}', updated_at="'20000-01-01'", finished_at="'infinity'")
+    for url in [
+        "/admin/axa_django/job/",
+        f"/admin/axa_django/job/{early}/change/",
+        f"/admin/axa_django/job/{late}/change/",
+    ]:
+        response = admin_client.get(url)
+        assert response.status_code == 200, url

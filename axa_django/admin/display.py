@@ -54,7 +54,10 @@ def format_duration(value: datetime.timedelta | None) -> str:
 def local_time(value: datetime.datetime) -> datetime.datetime:
     """``value`` in the current time zone, aware; a naive value (USE_TZ = False) is taken as TIME_ZONE's."""
     if timezone.is_aware(value):
-        return timezone.localtime(value)
+        try:
+            return timezone.localtime(value)
+        except OverflowError:  # a row's time at the edge of what Python holds (OutOfRange): shown in UTC
+            return value
     # With USE_TZ = False, Django reads timestamptz columns as naive datetimes in TIME_ZONE.
     return value.replace(tzinfo=timezone.get_default_timezone())
 
