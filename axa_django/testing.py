@@ -265,8 +265,8 @@ def run_jobs(
             outcome, attempt, sender, function = _run_one(using, job, timeouts[job.id])
             with connections[using].cursor() as cursor:
                 # Django's cursor wraps psycopg's; FINISH needs the raw one for arrays.
-                written = finish(cursor.cursor, [outcome], None)
-                if outcome.status == "queued" and written:
+                unwritten = finish(cursor.cursor, [outcome], None)
+                if outcome.status == "queued" and not unwritten:
                     cursor.execute(_RETRY_AT, [outcome.delay, outcome.id])
             attempts.append(attempt)
             send_finished(sender, outcome, robust=True)

@@ -235,9 +235,9 @@ def test_an_old_workers_outcome_cannot_overwrite_a_reclaimed_job():
     old, new = uuid.uuid4(), uuid.uuid4()
     Job.objects.filter(pk=job.pk).update(status="running", worker_id=new)
     with connect("default", "test") as conn, conn.cursor() as cursor:
-        written = finish(cursor, [Outcome(job.pk, job.name, 1, "failed", error="late")], old)
-        assert written == set()
-        assert finish(cursor, [Outcome(job.pk, job.name, 1, "completed", result="1")], new) == {job.pk}
+        unwritten = finish(cursor, [Outcome(job.pk, job.name, 1, "failed", error="late")], old)
+        assert unwritten == {job.pk}
+        assert finish(cursor, [Outcome(job.pk, job.name, 1, "completed", result="1")], new) == set()
     row = fresh(job)
     assert (row.status, row.result, row.error) == ("completed", 1, None)
 

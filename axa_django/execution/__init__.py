@@ -210,24 +210,27 @@ def _as_json(o: Outcome) -> str:
 
 
 def finish(cursor: psycopg.Cursor[Any], outcomes: list[Outcome], worker_id: uuid.UUID | None) -> set[uuid.UUID]:
-    """Write outcomes in one statement; return the ids whose guard held, and those of jobs that completed themselves."""
-    done = {o.id for o in outcomes if o.self_completed}  # their transaction wrote them
-    if done:
+    """Write outcomes in one statement; return the ids of those not written (their rows were rescued or changed).
+
+    Jobs that completed themselves were written by their own transaction.
+    """
+    if any(o.self_completed for o in outcomes):
         outcomes = [o for o in outcomes if not o.self_completed]
         if not outcomes:
-            return done
+            return set()
     # Rows are locked in id order, as an enqueue with after= locks its parents: no deadlock.
     outcomes = sorted(outcomes, key=lambda o: o.id.int)  # UUID order; its __lt__ is Python, .int is not
     # One JSON text for the whole batch: result and entry are JSON already and go in
     # as they are, so nothing is encoded twice and psycopg adapts a single string.
     document = ",".join(map(_as_json, outcomes))
     cursor.execute(sql.FINISH, {"outcomes": f"[{document}]", "worker": worker_id})
-    written = {row[0] for row in cursor.fetchall()}
-    if len(written) < len(outcomes):  # jobs with children (or rescued meanwhile): see dependencies.py
-        left = ",".join(_as_json(o) for o in outcomes if o.id not in written)
+    row = cursor.fetchone()
+    unwritten = set(row[1]) if row is not None and row[1] else set()
+    if unwritten:  # jobs with children (or rescued meanwhile): see dependencies.py
+        left = ",".join(_as_json(o) for o in outcomes if o.id in unwritten)
         params = {"outcomes": f"[{left}]", "worker": worker_id}
-        written |= dependencies.finish_parents(cursor, sql.FINISH_PARENTS, params)
-    return written | done
+        unwritten -= dependencies.finish_parents(cursor, sql.FINISH_PARENTS, params)
+    return unwritten
 
 
 _TIMEOUT_TYPE = stored_type(JobTimeout)

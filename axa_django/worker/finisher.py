@@ -79,9 +79,9 @@ class Finisher:
                     done = True
                     break
                 batch.append(item)
-            conn, written = self.write(conn, batch)
+            conn, unwritten = self.write(conn, batch)
             limited = self._wake_limited(conn, batch)
-            refused = [outcome for outcome in batch if outcome.id not in written]
+            refused = [outcome for outcome in batch if outcome.id in unwritten] if unwritten else []
             if refused and not self.control.aborting.is_set():
                 # One line per batch: a worker cut off past its lease has a batch's worth refused.
                 named = ", ".join(f"{outcome.name} {outcome.id}" for outcome in refused[:REFUSED_NAMED])
@@ -108,7 +108,8 @@ class Finisher:
     def write(
         self, conn: psycopg.Connection[Any] | None, batch: list[Outcome]
     ) -> tuple[psycopg.Connection[Any] | None, set[uuid.UUID]]:
-        """Write a batch of outcomes, through outages; an outcome the database refuses is written as a failure."""
+        """Write a batch of outcomes, through outages; return the ids not written (rescued or changed meanwhile,
+        or the worker aborting). An outcome the database refuses is written as a failure."""
         delay = 0.1
         while True:
             try:
@@ -121,16 +122,16 @@ class Finisher:
                     raise
                 except psycopg.Error as error:
                     if len(batch) > 1:  # find the one the database refuses; write the others as they are
-                        written: set[uuid.UUID] = set()
+                        unwritten: set[uuid.UUID] = set()
                         for outcome in batch:
                             conn, ids = self.write(conn, [outcome])
-                            written |= ids
-                        return conn, written
+                            unwritten |= ids
+                        return conn, unwritten
                     with conn.cursor() as cursor:
                         return conn, finish(cursor, [unstorable(batch[0], error)], self.worker_id)
             except (psycopg.OperationalError, psycopg.InterfaceError) as error:
                 if self.control.aborting.is_set():
-                    return conn, set()
+                    return conn, {outcome.id for outcome in batch}
                 logger.warning("cannot write %d outcome(s) (%s); retrying in %.1fs", len(batch), error, delay)
                 close(conn)
                 conn = None
