@@ -1,5 +1,7 @@
 """perform_later's lean path: it still shows in Django's query capture, wraps errors and honours broken transactions."""
 
+import datetime
+
 import pytest
 from django.db import DatabaseError, connection, transaction
 from django.db.models.signals import post_init
@@ -56,3 +58,40 @@ def test_a_listener_to_jobs_init_hears_every_job_a_bulk_enqueue_returns():
     assert heard == list(created)
     after = jobs.add.perform_later_many([{"a": 3}])
     assert len(heard) == 3 and after[0].args == {"a": 3}
+
+
+def test_a_plain_enqueue_sends_only_what_its_columns_defaults_do_not_say_and_reads_back_one_time():
+    with CaptureQueriesContext(connection) as captured:
+        job = jobs.add.perform_later(1, 2)
+    (insert,) = [query["sql"] for query in captured.captured_queries if "INSERT INTO axa_queue" in query["sql"]]
+    assert insert.startswith("INSERT INTO axa_queue (id, name, args) VALUES (")
+    assert insert.endswith("RETURNING created_at")
+    row = Job.objects.get(pk=job.pk)
+    assert job.created_at == job.updated_at == job.run_at == row.created_at == row.updated_at == row.run_at
+    assert (job.queue, job.priority, job.max_attempts, job.timeout) == ("default", 0, None, None)
+    assert (row.queue, row.priority, row.max_attempts, row.timeout) == ("default", 0, None, None)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"queue": "q2", "priority": -3},
+        {"delay": datetime.timedelta(seconds=30)},
+        {"run_at": datetime.datetime(2101, 2, 3, 4, 5, 6, tzinfo=datetime.UTC)},
+        {"run_at": datetime.datetime(2001, 2, 3, 4, 5, 6, tzinfo=datetime.UTC)},
+        {"max_attempts": 7, "unique_key": "k", "timeout": 2.5, "max_losses": 4},
+        {"queue": "default", "priority": 0},
+    ],
+)
+def test_an_enqueue_with_options_writes_each_and_returns_the_rows_own_times(options):
+    job = jobs.add.using(**options).perform_later(1, 2)
+    row = Job.objects.get(pk=job.pk)
+    for field in ("run_at", "created_at", "updated_at", "queue", "priority", "max_attempts", "unique_key", "timeout"):
+        assert getattr(job, field) == getattr(row, field), field
+    assert row.max_losses == options.get("max_losses")
+    if "delay" in options:
+        assert row.run_at - row.created_at == options["delay"]
+    if "run_at" in options:  # a past run_at means now (docs/jobs.md)
+        assert row.run_at == max(options["run_at"], row.created_at)
+    if "queue" in options:
+        assert (row.queue, row.priority) == (options["queue"], options["priority"])

@@ -30,7 +30,6 @@ Sender = Callable[..., Any] | None
 # (the times); the rest is what was sent or a column default of a fresh row.
 _FIELDS = [f.attname for f in Job._meta.concrete_fields]
 _READ_BACK = ["run_at", "created_at", "updated_at"]
-_RETURNING = ", ".join(_READ_BACK)
 _FRESH: dict[str, Any] = {
     "status": "queued",
     "error": None,
@@ -59,13 +58,51 @@ _RUN_AT = (
     "GREATEST(COALESCE({run_at}, statement_timestamp() + {delay}, statement_timestamp()), "
     "CASE WHEN {floor} THEN statement_timestamp() END)"
 )
-_VALUES = (
-    f"(%s, %s, %s::jsonb, %s, %s, {_RUN_AT.format(run_at='%s', delay='%s::interval', floor='%s')}, %s, %s, %s, "
-    "%s, %s, %s, %s)"
-)
 _ON_UNIQUE = (
     "ON CONFLICT (name, unique_key) WHERE unique_key IS NOT NULL AND status IN ('queued', 'running') DO NOTHING"
 )
+
+
+# One row leaves out each value that its column's default says already (position in
+# _params, value), so the common enqueue sends three values and reads back one time:
+# created_at, which is also updated_at and, with neither run_at nor delay, run_at (all
+# statement_timestamp()). A perform_later then takes a quarter less client CPU
+# (benchmarks/results/pg15-enqueue-lean-ab.txt).
+_RUN_AT_AT = 5
+_LEAVE_OUT = ((3, "default"), (4, 0), (_RUN_AT_AT, None), *((index, None) for index in range(8, 15)))
+_COLUMN_AT = dict(zip((0, 1, 2, 3, 4, _RUN_AT_AT, *range(8, 15)), _COLUMNS.split(", "), strict=True))
+
+
+@functools.lru_cache(maxsize=128)
+def _insert(present: tuple[int, ...], unique: bool) -> str:
+    """The INSERT of one row with the values at ``present`` (positions in _params) besides id, name and args."""
+    columns = ["id", "name", "args"]
+    values = ["%s", "%s", "%s::jsonb"]
+    for index in present:
+        columns.append(_COLUMN_AT[index])
+        values.append(_RUN_AT.format(run_at="%s", delay="%s::interval", floor="%s") if index == _RUN_AT_AT else "%s")
+    returning = "created_at, run_at" if _RUN_AT_AT in present else "created_at"
+    return (
+        f"INSERT INTO axa_queue ({', '.join(columns)}) VALUES ({', '.join(values)}) "
+        f"{_ON_UNIQUE if unique else ''} RETURNING {returning}"
+    )
+
+
+def _present(params: list[Any]) -> tuple[int, ...]:
+    """The positions in a row of _params whose values _insert sends (run_at's, when a time or a delay is given)."""
+    timed = params[_RUN_AT_AT] is not None or params[_RUN_AT_AT + 1] is not None
+    return tuple(index for index, default in _LEAVE_OUT if (timed if index == _RUN_AT_AT else params[index] != default))
+
+
+def _sent(params: list[Any], present: tuple[int, ...]) -> list[Any]:
+    """The values _insert(present, ...) takes, from a row of _params."""
+    sent = params[:3]
+    for index in present:
+        if index == _RUN_AT_AT:
+            sent += params[_RUN_AT_AT : _RUN_AT_AT + 3]
+        else:
+            sent.append(params[index])
+    return sent
 
 
 def _params(name: str, args: dict[str, Any], options: Options, job_id: uuid.UUID | None = None) -> list[Any]:
@@ -153,10 +190,9 @@ def write(name: str, args: dict[str, Any], options: Options, sender: Sender) -> 
         job = write_children([(name, args, options, None)], sender, full=True)[0]
         return job
     params = _params(name, args, options)
-    unique = options.unique_key is not None
-    sql = f"INSERT INTO axa_queue ({_COLUMNS}) VALUES {_VALUES} {_ON_UNIQUE if unique else ''} RETURNING {_RETURNING}"
+    present = _present(params)
     with _cursor(using) as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(_insert(present, options.unique_key is not None), _sent(params, present))
         row = cursor.fetchone()
     if row is None:
         existing = (
@@ -170,7 +206,8 @@ def write(name: str, args: dict[str, Any], options: Options, sender: Sender) -> 
         if options.on_duplicate == "raise":
             raise DuplicateJob(existing)
         return existing
-    job = _build(params, args, row, using)
+    created = row[0]
+    job = _build(params, args, (row[1] if _RUN_AT_AT in present else created, created, created), using)
     job_enqueued.send(sender=sender, job=job)
     return job
 
