@@ -115,6 +115,26 @@ def test_a_bulk_enqueue_refused_mid_copy_writes_nothing_and_leaves_the_connectio
             cursor.execute("DROP TRIGGER axa_test_refuse ON axa_queue; DROP FUNCTION axa_test_refuse()")
 
 
+def test_an_item_found_too_large_mid_copy_writes_nothing_and_leaves_the_callers_transaction_usable():
+    # Rows are encoded while the server reads the ones before: item 2,100 is found too
+    # large after two chunks went in. The batch writes nothing, in autocommit and inside
+    # the caller's transaction, which goes on and commits its own rows.
+    calls = [{"n": n} for n in range(2500)]
+    calls[2100] = {"n": "x" * 200}
+    too_large = r"item 2100: the arguments of job 'x\.y': 208 bytes as JSON, over the limit of 100"
+    with override_settings(AXA_DJANGO={"MAX_ARGS_BYTES": 100}):
+        with pytest.raises(ValueError, match=too_large):
+            enqueue_many("x.y", calls)
+        assert _last_statement().startswith("COPY axa_queue")  # begun, then given up
+        assert not Job.objects.exists()
+        with transaction.atomic():
+            kept = jobs.add.perform_later(1)
+            with pytest.raises(ValueError, match=too_large):
+                enqueue_many("x.y", calls)
+            after = enqueue_many("x.y", calls[:3])
+    assert set(Job.objects.values_list("pk", flat=True)) == {kept.pk, *(job.pk for job in after)}
+
+
 REFUSE = """
 CREATE FUNCTION axa_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

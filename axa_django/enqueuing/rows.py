@@ -269,10 +269,6 @@ _COPY_ROWS = 1000
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
-def _copyable(row: list[Any]) -> bool:
-    return row[5] is None and row[6] is None and row[9] is None
-
-
 def _copy_field(value: str | None) -> str:
     return "\\N" if value is None else value.translate(_COPY_ESCAPES)
 
@@ -308,41 +304,54 @@ def _bulk_job(using: str, row: list[Any], args: dict[str, Any], watched: bool, s
     return _job(using, values, watched)
 
 
-def write_many(items: Iterable[tuple[str, dict[str, Any], Options]], sender: Sender) -> BulkResult:
-    """Insert many rows in one statement; validate every item before writing any."""
-    using = conf.queue_database()
-    items = list(items)
-    if any(options.after or options.workflow is not None for _, _, options in items):
-        return write_children([(name, args, options, None) for name, args, options in items], sender)
-    rows: list[list[Any]] = []
-    arguments: list[dict[str, Any]] = []
-    for index, (name, args, options) in enumerate(items):
+def _encoded(items: list[tuple[str, dict[str, Any], Options]], start: int, end: int) -> list[list[Any]]:
+    """Rows of _params for ``items[start:end]``; a bad one raises naming its index."""
+    rows = []
+    for index in range(start, end):
+        name, args, options = items[index]
         try:
             rows.append(_params(name, args, options))
         except (TypeError, ValueError) as error:
             raise type(error)(f"item {index}: {error}") from None
-        arguments.append(args)
+    return rows
+
+
+def _copyable(options: Options) -> bool:
+    return options.run_at is None and options.delay is None and options.unique_key is None
+
+
+def write_many(items: Iterable[tuple[str, dict[str, Any], Options]], sender: Sender) -> BulkResult:
+    """Insert many rows in one statement; a bad item raises and none is written."""
+    using = conf.queue_database()
+    items = list(items)
+    if any(options.after or options.workflow is not None for _, _, options in items):
+        return write_children([(name, args, options, None) for name, args, options in items], sender)
     result = BulkResult()
-    if not rows:
+    if not items:
         return result
     watched = _watched()
     with _cursor(using) as cursor:
-        if isinstance(cursor, psycopg.Cursor) and all(map(_copyable, rows)):
-            with cursor.copy(_COPY) as copy:
-                for start in range(0, len(rows), _COPY_ROWS):
-                    end = start + _COPY_ROWS
-                    copy.write("".join(map(_copy_line, rows[start:end])))
-                    # The server takes these rows in while their jobs are built.
-                    for row, args in zip(rows[start:end], arguments[start:end], strict=True):
+        if isinstance(cursor, psycopg.Cursor) and all(_copyable(options) for _, _, options in items):
+            # Rows are encoded while the server takes in the ones before. An item found
+            # bad halfway aborts the COPY, which writes nothing; in a transaction, a
+            # savepoint keeps the caller's transaction usable after it.
+            wrapper = connections[using]
+            inside = wrapper.in_atomic_block or not wrapper.get_autocommit()
+            with transaction.atomic(using=using) if inside else contextlib.nullcontext(), cursor.copy(_COPY) as copy:
+                for start in range(0, len(items), _COPY_ROWS):
+                    rows = _encoded(items, start, min(start + _COPY_ROWS, len(items)))
+                    copy.write("".join(map(_copy_line, rows)))
+                    for row, (_, args, _) in zip(rows, items[start : start + _COPY_ROWS], strict=True):
                         result.append(_bulk_job(using, row, args, watched))
         else:
+            rows = _encoded(items, 0, len(items))
             document = "[" + ",".join(map(_as_json, rows)) + "]"
             cursor.execute(f"INSERT INTO axa_queue ({_COLUMNS}) {_FROM_JSON} {_ON_UNIQUE} RETURNING id", [document])
             written = {row[0] for row in cursor.fetchall()}
-            for row, args in zip(rows, arguments, strict=True):
+            for row, (_, args, _) in zip(rows, items, strict=True):
                 if row[0] in written:
                     result.append(_bulk_job(using, row, args, watched))
-    result.skipped = len(rows) - len(result)
+    result.skipped = len(items) - len(result)
     for job in result:
         job_enqueued.send(sender=sender, job=job)
     return result
