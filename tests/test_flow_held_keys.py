@@ -153,3 +153,21 @@ def test_the_per_key_counts_follow_every_change_of_a_keyed_row() -> None:
         cursor.execute("TRUNCATE axa_queue CASCADE")
         cursor.execute("SELECT (SELECT count(*) FROM axa_flow_key) + (SELECT count(*) FROM axa_flow_delta)")
         assert cursor.fetchone()[0] == 0
+
+
+def test_an_insert_counts_its_keyed_rows_per_pair_and_a_statement_without_one_writes_no_delta():
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM axa_flow_delta")
+        cursor.execute(
+            "INSERT INTO axa_queue (id, name, args) SELECT gen_random_uuid(), 'x.y', '{}' FROM generate_series(1, 3)"
+        )
+        cursor.execute("SELECT count(*) FROM axa_flow_delta")
+        assert cursor.fetchone()[0] == 0
+        # Keyed rows among unkeyed ones, some not counted (waiting): one delta per pair.
+        cursor.execute(
+            "INSERT INTO axa_queue (id, name, args, concurrency_key, status) SELECT gen_random_uuid(), 'x.y', '{}', "
+            "k, s FROM (VALUES (NULL, 'queued'), ('a', 'queued'), ('a', 'running'), ('a', 'queued'), ('b', 'waiting'),"
+            " (NULL, 'running')) AS v(k, s)"
+        )
+        cursor.execute("SELECT name, key, queued, running FROM axa_flow_delta")
+        assert cursor.fetchall() == [("x.y", "a", 2, 1)]
