@@ -55,9 +55,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--throughput-args",
-        default="--concurrency 16",
-        help="runworker arguments of --peer axa-throughput: axa beside itself at its throughput setting "
-        '(default "--concurrency 16")',
+        default="--concurrency 1",
+        help="runworker arguments of --peer axa-throughput: axa beside itself at its throughput setting for short "
+        'jobs, docs/workers.md (default "--concurrency 1")',
     )
     parser.add_argument("--db-prefix", default="axa_bench_", help="databases are <prefix><tool> (default axa_bench_)")
     parser.add_argument("--peer-python", help="Python >= 3.12 for the peers' venvs (default: found on PATH/pyenv)")
