@@ -339,9 +339,10 @@ def write_many(items: Iterable[tuple[str, dict[str, Any], Options]], sender: Sen
             inside = wrapper.in_atomic_block or not wrapper.get_autocommit()
             with transaction.atomic(using=using) if inside else contextlib.nullcontext(), cursor.copy(_COPY) as copy:
                 for start in range(0, len(items), _COPY_ROWS):
-                    rows = _encoded(items, start, min(start + _COPY_ROWS, len(items)))
+                    end = min(start + _COPY_ROWS, len(items))
+                    rows = _encoded(items, start, end)
                     copy.write("".join(map(_copy_line, rows)))
-                    for row, (_, args, _) in zip(rows, items[start : start + _COPY_ROWS], strict=True):
+                    for row, (_, args, _) in zip(rows, items[start:end], strict=True):
                         result.append(_bulk_job(using, row, args, watched))
         else:
             rows = _encoded(items, 0, len(items))
