@@ -188,9 +188,14 @@ class JobFunction(Generic[P, R]):
         """Enqueue many calls in one statement; each is a kwargs mapping or an (args, kwargs) pair."""
         items = []
         for index, call in enumerate(calls):
-            args, kwargs = ((), call) if isinstance(call, Mapping) else call
+            # bind copies what it keeps; a dict, the common call, goes in as it is.
+            if type(call) is dict:
+                args, kwargs = (), call
+            else:
+                args, kwargs = ((), call) if isinstance(call, Mapping) else call
+                args, kwargs = tuple(args), dict(kwargs)
             try:
-                arguments = bind(self.signature, self.name, tuple(args), dict(kwargs))
+                arguments = bind(self.signature, self.name, args, kwargs)
             except (TypeError, ValueError) as error:
                 raise type(error)(f"item {index}: {error}") from None
             items.append((self.name, arguments, self._options_for(arguments)))

@@ -81,6 +81,12 @@ def test_a_bulk_enqueue_by_copy_stores_odd_values_as_the_insert_does():
     assert _last_statement().startswith("INSERT INTO axa_queue")
     for (what, by_copy), (_, by_insert) in zip(copied, inserted, strict=True):
         assert _stored(by_copy) == _stored(by_insert), what
+        # The jobs returned say what their rows say, without a query.
+        said = ["id", "name", "args", "status", "queue", "priority", "max_attempts", "unique_key", "backend"]
+        rows = {job.pk: job for job in Job.objects.filter(pk__in=[job.pk for job in by_copy])}
+        assert [[getattr(job, f) for f in said] for job in by_copy] == [
+            [getattr(rows[job.pk], f) for f in said] for job in by_copy
+        ], what
         assert [job.args for job in by_copy] == [Job.objects.get(pk=job.pk).args for job in by_copy], what
     by_name = Job.objects.filter(pk__in=[job.pk for job in copied[0][1]])
     assert sorted(job.args["s"] for job in by_name) == sorted(ODD)

@@ -20,6 +20,7 @@ from ..arguments import arguments_of, encode, task_arguments_of
 from ..exceptions import DuplicateJob
 from ..models import Job
 from ..signals import job_enqueued
+from .ids import uuid4s
 from .options import Options
 
 # The job_enqueued signal's sender: the JobFunction enqueueing, or None for enqueue by name.
@@ -105,23 +106,27 @@ def _sent(params: list[Any], present: tuple[int, ...]) -> list[Any]:
     return sent
 
 
-def _params(name: str, args: dict[str, Any], options: Options, job_id: uuid.UUID | None = None) -> list[Any]:
-    task = options.backend is not None
-    where, levels = (task_arguments_of(name), 2) if task else (arguments_of(name), 1)
+def _args_text(name: str, args: dict[str, Any], options: Options, limit: int) -> str:
+    """A row's args as JSON text, at most ``limit`` bytes."""
     # Every writer's args passed check_json already: bind, check_kwargs, the task
     # backend's _arguments, or built here from strings (cron's {}, batch callbacks).
-    text = encode(args, where, conf.get("MAX_ARGS_BYTES"), levels=levels, checked=True)
+    if options.backend is not None:
+        return encode(args, task_arguments_of(name), limit, levels=2, checked=True)
+    return encode(args, arguments_of(name), limit, levels=1, checked=True)
+
+
+def _params(name: str, args: dict[str, Any], options: Options, job_id: uuid.UUID | None = None) -> list[Any]:
     return [
         job_id or uuid.uuid4(),
         name,
-        text,
+        _args_text(name, args, options, conf.get("MAX_ARGS_BYTES")),
         options.queue,
         options.priority,
         options.run_at,
         options.delay,
         # django.tasks keeps a past run_after as given, so past-due tasks are claimed in
         # run_after order; a background job's past run_at means now (documented).
-        not task,
+        options.backend is None,
         options.max_attempts,
         options.unique_key,
         options.backend,
@@ -281,18 +286,51 @@ def _copy_number(value: float | None) -> str:
     return "\\N" if value is None else repr(value)
 
 
-def _copy_line(row: list[Any]) -> str:
-    """One row of ``_params`` as a line of _COPY's text format."""
-    job_id, name, args, queue, priority, _, _, _, max_attempts, _, backend, *flow = row
-    timeout, concurrency_key, rate_key, max_losses = flow
-    # args is JSON text: tabs and newlines in it are escaped already, backslashes not.
-    args = args.replace("\\", "\\\\")
-    seconds = None if timeout is None else float(timeout)
+def _copy_tail(options: Options) -> str:
+    """What follows id, name and args on a _COPY line of a row with ``options``: the same for a batch's every row."""
+    seconds = None if options.timeout is None else float(options.timeout)
     return (
-        f"{job_id.hex}\t{_copy_name(name)}\t{args}\t{_copy_name(queue)}\t{priority}\t{_copy_number(max_attempts)}\t"
-        f"{_copy_name(backend)}\t{_copy_number(seconds)}\t{_copy_field(concurrency_key)}\t{_copy_field(rate_key)}\t"
-        f"{_copy_number(max_losses)}\n"
+        f"\t{_copy_name(options.queue)}\t{options.priority}\t{_copy_number(options.max_attempts)}\t"
+        f"{_copy_name(options.backend)}\t{_copy_number(seconds)}\t{_copy_field(options.concurrency_key)}\t"
+        f"{_copy_field(options.rate_key)}\t{_copy_number(options.max_losses)}\n"
     )
+
+
+def _copied(
+    items: list[tuple[str, dict[str, Any], Options]], start: int, end: int, using: str, watched: bool
+) -> tuple[str, list[Job]]:
+    """_COPY's text for ``items[start:end]`` and their Jobs; a bad item raises naming its index.
+
+    Most batches share one Options (a job's own, as no key is computed): what follows
+    the args is written once per Options, not per row.
+    """
+    lines, jobs, tails = [], [], {}
+    limit = conf.get("MAX_ARGS_BYTES")
+    for index, job_id in zip(range(start, end), uuid4s(end - start), strict=True):
+        name, args, options = items[index]
+        tail = tails.get(id(options))  # the items hold each Options alive: an id names one
+        if tail is None:
+            tail = tails[id(options)] = _copy_tail(options)
+        try:
+            text = _args_text(name, args, options, limit)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"item {index}: {error}") from None
+        # args is JSON text: tabs and newlines in it are escaped already, backslashes not.
+        text = text.replace("\\", "\\\\")
+        lines.append(f"{job_id.hex}\t{_copy_name(name)}\t{text}{tail}")
+        values = {
+            "id": job_id,
+            "name": name,
+            "args": args,
+            "status": "queued",
+            "queue": options.queue,
+            "priority": options.priority,
+            "max_attempts": options.max_attempts,
+            "unique_key": None,
+            "backend": options.backend,
+        }
+        jobs.append(_job(using, values, watched))
+    return "".join(lines), jobs
 
 
 def _bulk_job(using: str, row: list[Any], args: dict[str, Any], watched: bool, status: str = "queued") -> Job:
@@ -339,11 +377,9 @@ def write_many(items: Iterable[tuple[str, dict[str, Any], Options]], sender: Sen
             inside = wrapper.in_atomic_block or not wrapper.get_autocommit()
             with transaction.atomic(using=using) if inside else contextlib.nullcontext(), cursor.copy(_COPY) as copy:
                 for start in range(0, len(items), _COPY_ROWS):
-                    end = min(start + _COPY_ROWS, len(items))
-                    rows = _encoded(items, start, end)
-                    copy.write("".join(map(_copy_line, rows)))
-                    for row, (_, args, _) in zip(rows, items[start:end], strict=True):
-                        result.append(_bulk_job(using, row, args, watched))
+                    text, jobs = _copied(items, start, min(start + _COPY_ROWS, len(items)), using, watched)
+                    copy.write(text)
+                    result += jobs
         else:
             rows = _encoded(items, 0, len(items))
             document = "[" + ",".join(map(_as_json, rows)) + "]"
