@@ -19,6 +19,7 @@ ORDER = [
     "enqueuing",
     "conf",
     "enqueuing.reach",
+    "enqueuing.ids",
     "arguments.annotations",
     "arguments",
     "sql.claims",
