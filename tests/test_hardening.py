@@ -14,6 +14,8 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from axa_django import Job, conf, enqueue, sql
+from axa_django.exceptions import BadRow
+from axa_django.execution import decode_args
 from axa_django.worker import Worker, connect, keepalives
 from tests.conftest import wait_for
 from tests.testapp import hostile_jobs, jobs
@@ -104,6 +106,21 @@ def test_rows_the_worker_cannot_decode_fail_alone_and_the_worker_keeps_draining(
     assert rows[never].run_at is not None  # finite again: every reader can load the row
     assert rows[worn].status == "completed" and rows[worn].attempts == 2147483647
     assert rows[good.pk].status == "completed" and rows[good.pk].result == 5
+
+
+@pytest.mark.django_db(transaction=False)
+def test_args_text_decodes_as_json_loads_reads_it_or_fails_as_a_bad_row():
+    for text in ['{"a": [1, {"b": null}]}', ' \n{"a": 1}\t ', '{"s": "\\u00e9 \\" x"}', "[]", "7"]:
+        assert decode_args(text) == json.loads(text), text
+    for text, said in [
+        ('{"a": 1} {"b": 2}', "Extra data"),
+        ('{"a": 1', "Expecting"),
+        ("", "Expecting value"),
+        ('{"a": ' + "7" * 5_000 + "}", "digits"),
+        ('{"a": ' + "[" * 10_000 + "]" * 10_000 + "}", "nested too deeply"),
+    ]:
+        with pytest.raises(BadRow, match=said):
+            decode_args(text)
 
 
 # Before year 1 (in UTC: "0001-01-01 00:30+01" is 1 BC there), which Python cannot load.
