@@ -135,14 +135,14 @@ _BUSY = """(SELECT count(*) FROM ONLY axa_queue r
 LIMITED_PICK = f"""
 WITH walked AS ({_FREE_PAIRS}
 ), picked AS MATERIALIZED (
-    SELECT c.id, walked.name, walked.key, walked.cap, c.priority, c.run_at, walked.step AS n
+    SELECT c.ctid, walked.name, walked.key, walked.cap, c.priority, c.run_at, walked.step AS n
     FROM walked
     CROSS JOIN LATERAL (
         SELECT count(*) AS busy FROM ONLY axa_queue r
         WHERE r.status = 'running' AND r.concurrency_key = walked.key AND r.name = walked.name
     ) AS b
     CROSS JOIN LATERAL (
-        SELECT id, priority, run_at FROM ONLY axa_queue
+        SELECT ctid, priority, run_at FROM ONLY axa_queue
         WHERE status = 'queued' AND concurrency_key = walked.key AND name = walked.name AND run_at <= now()
           {{queue_filter}} {{paused}}
         ORDER BY priority DESC, run_at
@@ -158,18 +158,19 @@ SELECT set_config('axa.picked', COALESCE((SELECT jsonb_agg(to_jsonb(picked)) FRO
         (SELECT key FROM walked WHERE part < 3 ORDER BY step DESC LIMIT 1))
 """
 # Rows are claimed ahead of free threads as by CLAIM (%(ahead)s): a row waiting in the
-# worker holds its slot, for no longer than the worker's claim-ahead horizon. The ids
-# are gathered in ARRAY(...), run once, and the rows found by id alone, as in CLAIM:
-# LIMITED_PICK holds them locked. Joined instead, a generic plan made while the
-# statistics said nothing was queued walked every queued row against the picked ones.
+# worker holds its slot, for no longer than the worker's claim-ahead horizon. The rows'
+# places (ctids) are gathered in ARRAY(...), run once, and the rows found there, as in
+# CLAIM: LIMITED_PICK holds them locked, so they stay where it found them. Joined
+# instead, a generic plan made while the statistics said nothing was queued walked
+# every queued row against the picked ones.
 CLAIM_LIMITED = f"""
 UPDATE ONLY axa_queue q{CLAIMED}
-WHERE q.id = ANY(ARRAY(
-    SELECT id FROM (
-        SELECT p.id, p.cap - {_BUSY.format(key="p.key", name="p.name")} AS free,
+WHERE q.ctid = ANY(ARRAY(
+    SELECT ctid FROM (
+        SELECT p.ctid, p.cap - {_BUSY.format(key="p.key", name="p.name")} AS free,
             row_number() OVER (PARTITION BY p.name, p.key ORDER BY p.priority DESC, p.run_at) AS rank
         FROM jsonb_to_recordset(current_setting('axa.picked')::jsonb)
-            AS p(id uuid, name text, key text, cap int, priority int, run_at timestamptz)
+            AS p(ctid tid, name text, key text, cap int, priority int, run_at timestamptz)
     ) AS ranked
     WHERE rank <= free
 )){CLAIM_RETURNING}"""
@@ -200,8 +201,8 @@ WITH state AS (
     FROM jsonb_to_recordset(current_setting('axa.pairs')::jsonb) AS p(name text, key text, cap float8)
     LEFT JOIN axa_rate_bucket b ON b.name = p.name AND b.key = p.key
 ), picked AS MATERIALIZED (
-    SELECT c.id, s.name, s.key, s.step FROM state s CROSS JOIN LATERAL (
-        SELECT id, priority, run_at FROM ONLY axa_queue
+    SELECT c.ctid, s.name, s.key, s.step FROM state s CROSS JOIN LATERAL (
+        SELECT ctid, priority, run_at FROM ONLY axa_queue
         WHERE status = 'queued' AND rate_key = s.key AND name = s.name AND run_at <= now()
           {{queue_filter}} {{paused}}
         ORDER BY priority DESC, run_at
@@ -215,7 +216,7 @@ WITH state AS (
         attempts = LEAST(q.attempts, 2147483646) + 1, worker_id = %(worker)s, cancel_requested = false,
         run_at = {RUN_AT}
     FROM picked
-    WHERE q.id = picked.id
+    WHERE q.ctid = picked.ctid
     RETURNING q.id, q.name, q.args::text, q.attempts, q.max_attempts, q.backend, q.priority, q.run_at,
         q.timeout, picked.key AS pair_key, picked.step
 ), spent AS (

@@ -36,9 +36,9 @@ SELECT set_config('axa.queues', COALESCE((
 """
 
 _QUEUE_WALKS = """
-            SELECT c.id, c.priority, c.run_at FROM unnest({names}::text[]) AS n(name)
+            SELECT c.ctid, c.priority, c.run_at FROM unnest({names}::text[]) AS n(name)
             CROSS JOIN LATERAL (
-                SELECT id, priority, run_at FROM ONLY axa_queue
+                SELECT ctid, priority, run_at FROM ONLY axa_queue
                 WHERE status BETWEEN 'queued' AND 'queued' AND queue = f.queue AND name = n.name AND backend IS NULL
                   AND run_at <= now()
                 ORDER BY priority DESC, run_at
@@ -46,9 +46,9 @@ _QUEUE_WALKS = """
                 FOR UPDATE SKIP LOCKED
             ) AS c
             UNION ALL
-            SELECT t.id, t.priority, t.run_at FROM unnest({backends}::text[]) AS b(backend)
+            SELECT t.ctid, t.priority, t.run_at FROM unnest({backends}::text[]) AS b(backend)
             CROSS JOIN LATERAL (
-                SELECT id, priority, run_at FROM ONLY axa_queue
+                SELECT ctid, priority, run_at FROM ONLY axa_queue
                 WHERE status BETWEEN 'queued' AND 'queued' AND queue = f.queue AND backend = b.backend
                   AND run_at <= now()
                 ORDER BY priority DESC, run_at
@@ -60,14 +60,14 @@ _QUEUE_WALKS = """
 # waiting in a worker would hold one of the fleet's few slots.
 QUEUE_CLAIM = f"""
 UPDATE ONLY axa_queue q{CLAIMED}
-WHERE q.id = ANY(ARRAY(
-    SELECT c.id FROM jsonb_array_elements(current_setting('axa.queues')::jsonb) AS l(v)
+WHERE q.ctid = ANY(ARRAY(
+    SELECT c.ctid FROM jsonb_array_elements(current_setting('axa.queues')::jsonb) AS l(v)
     CROSS JOIN LATERAL (
         SELECT l.v ->> 0 AS queue, GREATEST((l.v ->> 1)::int - (
             SELECT count(*) FROM ONLY axa_queue r WHERE r.status = 'running' AND r.queue = l.v ->> 0)::int, 0) AS free
     ) AS f
     CROSS JOIN LATERAL (
-        SELECT w.id, w.priority, w.run_at FROM ({_QUEUE_WALKS}
+        SELECT w.ctid, w.priority, w.run_at FROM ({_QUEUE_WALKS}
         ) AS w
         ORDER BY w.priority DESC, w.run_at
         LIMIT f.free
