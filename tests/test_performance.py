@@ -117,7 +117,7 @@ def test_the_finish_finds_its_rows_by_id_whatever_the_statistics_say():
         cursor.execute("DELETE FROM axa_queue WHERE ctid IN (SELECT ctid FROM axa_queue OFFSET 10)")
         cursor.execute("UPDATE axa_queue SET status = 'running', started_at = now()")
         cursor.execute("ANALYZE axa_queue")
-    for query in (sql.FINISH, sql.FINISH_PARENTS):
+    for query in (sql.FINISH, sql.FINISH_COMPLETED, sql.FINISH_PARENTS):
         lines = generic_plan(query).split("\n")
         scans = [i for i, line in enumerate(lines) if "Index Scan using axa_queue_pkey" in line]
         assert len(scans) == 2, lines  # the delete's and the retry's

@@ -10,11 +10,13 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import OperationalError, connections
+from django.utils import timezone
 
-from axa_django import Job, conf
-from axa_django.execution import Outcome, finish
+from axa_django import Job, conf, sql
+from axa_django.execution import Outcome, _as_json, finish
 from axa_django.worker import connect
 from axa_django.worker.ledger import UNWRITTEN_MOST
 from tests.conftest import AXA_APPS, restart_postgres, wait_for
@@ -240,6 +242,51 @@ def test_an_old_workers_outcome_cannot_overwrite_a_reclaimed_job():
         assert finish(cursor, [Outcome(job.pk, job.name, 1, "completed", result="1")], new) == set()
     row = fresh(job)
     assert (row.status, row.result, row.error) == ("completed", 1, None)
+
+
+class SentCursor(psycopg.Cursor):
+    """A real cursor that also keeps the statements it sent."""
+
+    sent: list[str] = []
+
+    def execute(self, query, params=None, **kwargs):  # type: ignore[no-untyped-def]
+        SentCursor.sent.append(str(query))
+        return super().execute(query, params, **kwargs)
+
+
+def test_completions_that_returned_none_are_written_by_arrays_as_the_json_finish_writes_them():
+    worker = uuid.uuid4()
+    made = [jobs.add.perform_later(i) for i in range(6)]
+    Job.objects.filter(pk__in=[j.pk for j in made]).update(status="running", worker_id=worker, attempts=1)
+    # Two claimed ahead (no started_at yet: the outcome carries it), one rescued meanwhile.
+    Job.objects.filter(pk__in=[made[0].pk, made[3].pk]).update(started_at=None)
+    Job.objects.filter(pk__in=[made[1].pk, made[4].pk]).update(started_at=timezone.now())
+    Job.objects.filter(pk=made[5].pk).update(worker_id=uuid.uuid4())
+    started = time.time() - 5
+    outcome = lambda job, at=None: Outcome(job.pk, job.name, 1, "completed", result="null", started=at)  # noqa: E731
+    with connect("default", "test") as conn:
+        conn.cursor_factory = SentCursor
+        with conn.cursor() as cursor:
+            SentCursor.sent = []
+            batch = [outcome(made[0], started), outcome(made[1]), outcome(made[2]), outcome(made[5])]
+            assert finish(cursor, batch, worker) == {made[5].pk}
+            assert SentCursor.sent[0] == sql.FINISH_COMPLETED and sql.FINISH not in SentCursor.sent
+            # The same outcomes by the JSON statement, for the rows beside them.
+            document = ",".join(_as_json(o) for o in [outcome(made[3], started), outcome(made[4])])
+            cursor.execute(sql.FINISH, {"outcomes": f"[{document}]", "worker": worker})
+            assert cursor.fetchone()[1] == []
+    read = ["status", "result", "error", "errors", "attempts", "worker_id"]
+    rows = {row.pk: row for row in Job.objects.all()}
+    for by_arrays, by_json in [(made[0], made[3]), (made[1], made[4])]:
+        a, j = rows[by_arrays.pk], rows[by_json.pk]
+        assert (
+            [getattr(a, f) for f in read] == [getattr(j, f) for f in read] == ["completed", None, None, [], 1, worker]
+        )
+        assert a.finished_at is not None and j.finished_at is not None
+    assert rows[made[2].pk].status == "completed" and rows[made[2].pk].started_at is None
+    for ahead in (made[0], made[3]):
+        assert abs(rows[ahead.pk].started_at.timestamp() - started) < 1e-3
+    assert rows[made[5].pk].status == "running"  # not this worker's any more: left as it is
 
 
 def test_a_second_signal_gives_running_jobs_back_at_once_and_exits_non_zero(workers, log_file):

@@ -231,10 +231,16 @@ def finish(cursor: psycopg.Cursor[Any], outcomes: list[Outcome], worker_id: uuid
             return set()
     # Rows are locked in id order, as an enqueue with after= locks its parents: no deadlock.
     outcomes = sorted(outcomes, key=lambda o: o.id.int)  # UUID order; its __lt__ is Python, .int is not
-    # One JSON text for the whole batch: result and entry are JSON already and go in
-    # as they are, so nothing is encoded twice and psycopg adapts a single string.
-    document = ",".join(map(_as_json, outcomes))
-    cursor.execute(sql.FINISH, {"outcomes": f"[{document}]", "worker": worker_id})
+    if all(o.status == "completed" and o.result == "null" and o.entry is None for o in outcomes):
+        # Jobs that returned None: their ids and start times say all (sql.FINISH_COMPLETED).
+        ids = ",".join([o.id.hex for o in outcomes])
+        started = ",".join(["NULL" if o.started is None else repr(o.started) for o in outcomes])
+        cursor.execute(sql.FINISH_COMPLETED, {"ids": f"{{{ids}}}", "started": f"{{{started}}}", "worker": worker_id})
+    else:
+        # One JSON text for the whole batch: result and entry are JSON already and go in
+        # as they are, so nothing is encoded twice and psycopg adapts a single string.
+        document = ",".join(map(_as_json, outcomes))
+        cursor.execute(sql.FINISH, {"outcomes": f"[{document}]", "worker": worker_id})
     row = cursor.fetchone()
     unwritten = set(row[1]) if row is not None and row[1] else set()
     if unwritten:  # jobs with children (or rescued meanwhile): see dependencies.py

@@ -103,6 +103,17 @@ WITH v AS MATERIALIZED (
 FINISH = f"""{_FINISH_WRITES}SELECT {NO_FLUSH},
     ARRAY(SELECT id FROM v EXCEPT SELECT id FROM moved EXCEPT SELECT id FROM retried)
 """
+# FINISH for a batch of jobs that all completed and returned None, the common batch: the
+# ids and start times as two arrays, which the server reads at 0.6 us a row less than the
+# JSON outcomes (benchmarks/results/pg15-finish-completed-ab.txt), and the client writes
+# in half the time.
+_OUTCOMES = """SELECT * FROM jsonb_to_recordset(%(outcomes)s::jsonb)
+        AS v(id uuid, status text, error text, result jsonb, entry jsonb, delay float8, started float8)"""
+_COMPLETED = """SELECT id, 'completed'::text AS status, NULL::text AS error, '{"v": null}'::jsonb AS result,
+        NULL::jsonb AS entry, 0::float8 AS delay, started
+    FROM unnest(%(ids)s::uuid[], %(started)s::float8[]) AS v(id, started)"""
+FINISH_COMPLETED = FINISH.replace(_OUTCOMES, _COMPLETED)
+assert FINISH_COMPLETED != FINISH, "FINISH lost its outcomes"
 
 REGISTER = """
 INSERT INTO axa_worker (id, hostname, pid, concurrency, queues, names, backends, started_at, heartbeat_at)
