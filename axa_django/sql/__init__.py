@@ -105,8 +105,7 @@ FINISH = f"""{_FINISH_WRITES}SELECT {NO_FLUSH},
 """
 # FINISH for a batch of jobs that all completed and returned None, the common batch: the
 # ids and start times as two arrays, which the server reads at 0.6 us a row less than the
-# JSON outcomes (benchmarks/results/pg15-finish-completed-ab.txt), and the client writes
-# in half the time.
+# JSON outcomes (benchmarks/results/pg15-finish-completed-ab.txt).
 _OUTCOMES = """SELECT * FROM jsonb_to_recordset(%(outcomes)s::jsonb)
         AS v(id uuid, status text, error text, result jsonb, entry jsonb, delay float8, started float8)"""
 _COMPLETED = """SELECT id, 'completed'::text AS status, NULL::text AS error, '{"v": null}'::jsonb AS result,

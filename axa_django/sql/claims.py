@@ -28,14 +28,13 @@ import psycopg.sql
 # dead worker held without starting is queued again without losing an attempt. A row
 # with history (an error, a rescue) is marked at once, so that a job that kills its
 # worker counts a loss from its second try on and cannot loop for ever.
-# The plain claim finds its rows where the walk locked them (their ctids, a TID scan):
+# Every claim finds its rows where its walk locked them (their ctids, a TID scan):
 # locked, they stay there until the UPDATE, and no statistics can give the planner a
 # worse way (1.3 us less of the server's time per row than by id: pg15-claim-tid-ab.txt).
-# A row updated and committed after the statement's snapshot was taken is locked in
-# its new version, which that snapshot cannot see: it is left queued for the next
-# claim. The limited claims find their rows by id alone, with no status test: with one,
-# a generic plan made while the statistics said nothing was queued walked the whole
-# ready index for the ids.
+# By id with a status test, a generic plan made while the statistics said nothing was
+# queued walked the whole ready index for the ids. A row updated and committed after
+# the statement's snapshot was taken is locked in its new version, which that snapshot
+# cannot see: it is left queued for the next claim.
 # RETURNING comes in no particular order: the worker sorts by priority and run_at.
 # What a claim writes and returns, shared with the limited claim (sqlflow.py).
 RUN_AT = "CASE WHEN q.run_at < '0001-01-01 00:00:00+00' THEN now() ELSE q.run_at END"
