@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import psycopg
 import pytest
 from django.db import connection
 
@@ -57,6 +58,16 @@ def pytest_report_header(config: pytest.Config) -> str:
     except psycopg.Error as error:
         version = f"unreachable ({error})".strip()
     return f"database: PostgreSQL {version} ({where})"
+
+
+class CountingCursor(psycopg.Cursor[Any]):
+    """A real cursor that also keeps the statements it sent (in ``sent``, shared by its class)."""
+
+    sent: list[str] = []
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        CountingCursor.sent.append(str(query))
+        return super().execute(query, params, **kwargs)
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:

@@ -10,7 +10,6 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from django.db import OperationalError, connections
 from django.utils import timezone
@@ -19,7 +18,7 @@ from axa_django import Job, conf, sql
 from axa_django.execution import Outcome, _as_json, finish
 from axa_django.worker import connect
 from axa_django.worker.ledger import UNWRITTEN_MOST
-from tests.conftest import AXA_APPS, restart_postgres, wait_for
+from tests.conftest import AXA_APPS, CountingCursor, restart_postgres, wait_for
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
@@ -244,16 +243,6 @@ def test_an_old_workers_outcome_cannot_overwrite_a_reclaimed_job():
     assert (row.status, row.result, row.error) == ("completed", 1, None)
 
 
-class SentCursor(psycopg.Cursor):
-    """A real cursor that also keeps the statements it sent."""
-
-    sent: list[str] = []
-
-    def execute(self, query, params=None, **kwargs):  # type: ignore[no-untyped-def]
-        SentCursor.sent.append(str(query))
-        return super().execute(query, params, **kwargs)
-
-
 def test_completions_that_returned_none_are_written_by_arrays_as_the_json_finish_writes_them():
     worker = uuid.uuid4()
     made = [jobs.add.perform_later(i) for i in range(6)]
@@ -265,12 +254,12 @@ def test_completions_that_returned_none_are_written_by_arrays_as_the_json_finish
     started = time.time() - 5
     outcome = lambda job, at=None: Outcome(job.pk, job.name, 1, "completed", result="null", started=at)  # noqa: E731
     with connect("default", "test") as conn:
-        conn.cursor_factory = SentCursor
+        conn.cursor_factory = CountingCursor
         with conn.cursor() as cursor:
-            SentCursor.sent = []
+            CountingCursor.sent = []
             batch = [outcome(made[0], started), outcome(made[1]), outcome(made[2]), outcome(made[5])]
             assert finish(cursor, batch, worker) == {made[5].pk}
-            assert SentCursor.sent[0] == sql.FINISH_COMPLETED and sql.FINISH not in SentCursor.sent
+            assert CountingCursor.sent[0] == sql.FINISH_COMPLETED and sql.FINISH not in CountingCursor.sent
             # The same outcomes by the JSON statement, for the rows beside them.
             document = ",".join(_as_json(o) for o in [outcome(made[3], started), outcome(made[4])])
             cursor.execute(sql.FINISH, {"outcomes": f"[{document}]", "worker": worker})

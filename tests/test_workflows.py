@@ -4,7 +4,6 @@ import signal
 import uuid
 from pathlib import Path
 
-import psycopg
 import pytest
 from django.db import connection, transaction
 
@@ -12,7 +11,7 @@ from axa_django import Job, batch, dependencies, sql, workflow
 from axa_django.execution import Outcome, finish
 from axa_django.models import Dependency, Workflow
 from axa_django.worker import connect
-from tests.conftest import AXA_APPS, wait_for
+from tests.conftest import AXA_APPS, CountingCursor, wait_for
 from tests.testapp import workflow_jobs as wj
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
@@ -353,16 +352,6 @@ def test_hostile_names_and_a_raising_callback_leave_the_worker_running(workers, 
     assert Job.objects.get(workflow_id=b.id, args__kind="complete").status == "completed"
     after = wj.step.perform_later("later", log_file)
     wait_for(lambda: status(after) == "completed", what="the worker lives on")
-
-
-class CountingCursor(psycopg.Cursor):
-    """A real cursor that also keeps the statements it sent."""
-
-    sent: list[str] = []
-
-    def execute(self, query, params=None, **kwargs):  # type: ignore[no-untyped-def]
-        CountingCursor.sent.append(str(query))
-        return super().execute(query, params, **kwargs)
 
 
 def test_finishing_a_job_without_children_sends_one_statement_and_a_parent_three_in_one_transaction():
