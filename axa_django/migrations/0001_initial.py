@@ -9,7 +9,6 @@ concurrency-limited jobs, and the history tables finished jobs move into.
 
 import uuid
 
-import django.contrib.postgres.indexes
 import django.db.models.functions.datetime
 from django.db import migrations, models
 
@@ -585,11 +584,8 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name="job",
-            index=django.contrib.postgres.indexes.BrinIndex(
-                autosummarize=True,
-                condition=models.Q(("finished_at__isnull", False)),
-                fields=["finished_at"],
-                name="axa_queue_finished",
+            index=models.Index(
+                condition=models.Q(("finished_at__isnull", False)), fields=["finished_at"], name="axa_queue_finished"
             ),
         ),
         migrations.AddConstraint(

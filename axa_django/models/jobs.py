@@ -6,7 +6,6 @@ import datetime
 import uuid
 from typing import Any
 
-from django.contrib.postgres.indexes import BrinIndex
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models.functions import Now
 from psycopg.types.json import Jsonb
@@ -388,16 +387,8 @@ class Job(models.Model):
                 name="axa_queue_ready_queue",
                 condition=models.Q(status="queued", attempts__gte=0),
             ),
-            # A history table takes its rows in the order they finish, so a block range index
-            # serves these reads by time as a B-tree did (14 ms for 5 minutes of a million
-            # rows) and costs a finished row about nothing (the B-tree 0.2-0.85 us of 8.5:
-            # benchmarks/results/pg15-finished-brin-ab.txt). Ranges are summarized as they
-            # fill (autosummarize); the ranges not summarized yet are read whole.
-            BrinIndex(
-                fields=["finished_at"],
-                name="axa_queue_finished",
-                condition=models.Q(finished_at__isnull=False),
-                autosummarize=True,
+            models.Index(
+                fields=["finished_at"], name="axa_queue_finished", condition=models.Q(finished_at__isnull=False)
             ),
         ]
         constraints = [
