@@ -46,6 +46,7 @@ class Dispatcher:
         self.db, self.claimer, self.limited, self.quiet = db, claimer, limited, quiet
         self.watchman = watchman
         self._next_adopt = 0.0
+        self._last_claimed = 0  # rows the last claim took: the next takes at most twice as many
 
     def register(self) -> None:
         """Write this worker's row."""
@@ -97,6 +98,7 @@ class Dispatcher:
             if jobs is None:  # database trouble: already logged and backed off
                 continue
             claimed_total += len(jobs)
+            self._last_claimed = len(jobs)
             backlog = ledger.backlog = len(jobs) == room
             ledger.hand_out(jobs)
             if jobs and len(jobs) < room:
@@ -135,7 +137,10 @@ class Dispatcher:
         ahead = self._ahead()
         if waiting > (ahead // 2 if backlog else 0) or (not backlog and running >= options.concurrency):
             return 0
-        room = options.concurrency + ahead - ledger.held()
+        # Twice the last claim at most: a claim's time grows with its rows (13 us each on the
+        # server), and a burst's first claim of every row ahead kept the threads idle 18 ms;
+        # doubling, each claim comes in while the threads run the one before.
+        room = min(options.concurrency + ahead - ledger.held(), max(options.concurrency, 2 * self._last_claimed))
         if options.max_jobs is not None:
             room = min(room, options.max_jobs - claimed_total)
         return room
