@@ -318,27 +318,32 @@ def _copied(
         # args is JSON text: tabs and newlines in it are escaped already, backslashes not.
         text = text.replace("\\", "\\\\")
         lines.append(f"{job_id.hex}\t{_copy_name(name)}\t{text}{tail}")
-        values = {
-            "id": job_id,
-            "name": name,
-            "args": args,
-            "status": "queued",
-            "queue": options.queue,
-            "priority": options.priority,
-            "max_attempts": options.max_attempts,
-            "unique_key": None,
-            "backend": options.backend,
-        }
-        jobs.append(_job(using, values, watched))
+        jobs.append(_bulk_job(using, job_id, name, args, options, watched))
     return "".join(lines), jobs
 
 
-def _bulk_job(using: str, row: list[Any], args: dict[str, Any], watched: bool, status: str = "queued") -> Job:
-    """The Job of a row of ``_params`` written in bulk, from what was sent; the columns the
-    database filled in (times, defaults) are deferred and load on first access."""
-    job_id, name, _, queue, priority, _, _, _, max_attempts, unique_key, backend, *_ = row
-    values = {"id": job_id, "name": name, "args": args, "status": status, "queue": queue, "priority": priority}
-    values.update(max_attempts=max_attempts, unique_key=unique_key, backend=backend)
+def _bulk_job(
+    using: str,
+    job_id: uuid.UUID,
+    name: str,
+    args: dict[str, Any],
+    options: Options,
+    watched: bool,
+    status: str = "queued",
+) -> Job:
+    """The Job of a row written in bulk, from what was sent; the columns the database
+    filled in (times, defaults) are deferred and load on first access."""
+    values = {
+        "id": job_id,
+        "name": name,
+        "args": args,
+        "status": status,
+        "queue": options.queue,
+        "priority": options.priority,
+        "max_attempts": options.max_attempts,
+        "unique_key": options.unique_key,
+        "backend": options.backend,
+    }
     return _job(using, values, watched)
 
 
@@ -385,9 +390,9 @@ def write_many(items: Iterable[tuple[str, dict[str, Any], Options]], sender: Sen
             document = "[" + ",".join(map(_as_json, rows)) + "]"
             cursor.execute(f"INSERT INTO axa_queue ({_COLUMNS}) {_FROM_JSON} {_ON_UNIQUE} RETURNING id", [document])
             written = {row[0] for row in cursor.fetchall()}
-            for row, (_, args, _) in zip(rows, items, strict=True):
+            for row, (name, args, options) in zip(rows, items, strict=True):
                 if row[0] in written:
-                    result.append(_bulk_job(using, row, args, watched))
+                    result.append(_bulk_job(using, row[0], name, args, options, watched))
     result.skipped = len(items) - len(result)
     for job in result:
         job_enqueued.send(sender=sender, job=job)
@@ -509,8 +514,8 @@ def write_children(
             result.append(Job.objects.using(using).get(pk=prepared[0][0][0]))
     if not full:
         watched = _watched()
-        for row, _options, args in prepared:
-            result.append(_bulk_job(using, row, args, watched, statuses[row[0]]))
+        for row, options, args in prepared:
+            result.append(_bulk_job(using, row[0], row[1], args, options, watched, statuses[row[0]]))
     senders = list(sender) if isinstance(sender, Sequence) else [sender] * len(result)
     for job, job_sender in zip(result, senders, strict=True):
         job_enqueued.send(sender=job_sender, job=job)
