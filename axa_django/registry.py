@@ -6,7 +6,7 @@ import inspect
 import random
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
@@ -174,6 +174,34 @@ class JobFunction(Generic[P, R]):
             options = replace(options, rate_key=key)
         return options
 
+    def _fixed_options(self) -> Options | None:
+        """Every call's options when no key is computed from a call's arguments (_options_for), else None."""
+        options = self.options
+        if (
+            (self.unique is not None and options.unique_key is None)
+            or (self.concurrency is not None and options.concurrency_key is None)
+            or (self.rate is not None and options.rate_key is None)
+        ):
+            return None
+        return options
+
+    def _items(
+        self, calls: Iterable[Mapping[str, Any] | tuple[tuple[Any, ...], Mapping[str, Any]]]
+    ) -> Iterator[tuple[str, dict[str, Any], Options]]:
+        """Each call bound and checked, with its options; a bad one raises naming its index."""
+        for index, call in enumerate(calls):
+            # bind copies what it keeps; a dict, the common call, goes in as it is.
+            if type(call) is dict:
+                args, kwargs = (), call
+            else:
+                args, kwargs = ((), call) if isinstance(call, Mapping) else call
+                args, kwargs = tuple(args), dict(kwargs)
+            try:
+                arguments = bind(self.signature, self.name, args, kwargs)
+            except (TypeError, ValueError) as error:
+                raise type(error)(f"item {index}: {error}") from None
+            yield self.name, arguments, self._options_for(arguments)
+
     def perform_later(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Write a job row for a worker (or run it now in immediate mode) and return it."""
         arguments = bind(self.signature, self.name, args, kwargs)
@@ -186,20 +214,12 @@ class JobFunction(Generic[P, R]):
         self, calls: Iterable[Mapping[str, Any] | tuple[tuple[Any, ...], Mapping[str, Any]]]
     ) -> BulkResult:
         """Enqueue many calls in one statement; each is a kwargs mapping or an (args, kwargs) pair."""
-        items = []
-        for index, call in enumerate(calls):
-            # bind copies what it keeps; a dict, the common call, goes in as it is.
-            if type(call) is dict:
-                args, kwargs = (), call
-            else:
-                args, kwargs = ((), call) if isinstance(call, Mapping) else call
-                args, kwargs = tuple(args), dict(kwargs)
-            try:
-                arguments = bind(self.signature, self.name, args, kwargs)
-            except (TypeError, ValueError) as error:
-                raise type(error)(f"item {index}: {error}") from None
-            items.append((self.name, arguments, self._options_for(arguments)))
-        jobs = tracing.enqueued(self.name, rows.write_many, items, self)
+        # Read whole first: a generator over a queryset's iterator() would query the
+        # connection the COPY below holds. The calls are then checked as write_many reads
+        # them: before it writes any, or, for a batch it copies, while the server takes in
+        # the rows before (a bad one aborts the COPY, writing none).
+        items = self._items(list(calls))
+        jobs = tracing.enqueued(self.name, rows.write_many, items, self, self._fixed_options())
         if conf.get("MODE") == "immediate":
             for job in jobs:
                 run_inline(job, self)

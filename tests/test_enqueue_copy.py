@@ -141,6 +141,67 @@ def test_an_item_found_too_large_mid_copy_writes_nothing_and_leaves_the_callers_
     assert set(Job.objects.values_list("pk", flat=True)) == {kept.pk, *(job.pk for job in after)}
 
 
+def test_a_call_found_bad_mid_copy_writes_nothing_and_leaves_the_callers_transaction_usable():
+    # A job whose options no call changes is checked call by call as the COPY goes:
+    # item 2,100 is refused after two chunks went in. Nothing is written, in autocommit
+    # and inside the caller's transaction, which goes on and commits its own rows.
+    calls = [{"a": n} for n in range(2500)]
+    calls[2100] = {"a": {1, 2}}
+    bad = r"item 2100: argument 'a' of job '[^']*add' is a set"
+    with pytest.raises(TypeError, match=bad):
+        jobs.add.perform_later_many(calls)
+    assert _last_statement().startswith("COPY axa_queue")  # begun, then given up
+    assert not Job.objects.exists()
+    with transaction.atomic():
+        kept = jobs.add.perform_later(1)
+        with pytest.raises(TypeError, match=bad):
+            jobs.add.perform_later_many(calls)
+        after = jobs.add.perform_later_many(calls[:3])
+    assert set(Job.objects.values_list("pk", flat=True)) == {kept.pk, *(job.pk for job in after)}
+    # A call refused in the first chunk is refused before any SQL.
+    with CaptureQueriesContext(connection) as queries, pytest.raises(TypeError, match="item 1: "):
+        jobs.add.perform_later_many([{"a": 1}, {"a": b"x"}])
+    assert not queries.captured_queries
+
+
+def test_calls_are_read_whole_before_the_copy_takes_the_connection():
+    # A generator over a queryset's iterator() reads through a server-side cursor on the
+    # connection the COPY uses; read as the COPY asks for its second chunk, it waited on
+    # the connection the COPY held, forever. Each call here says what the connection was
+    # doing when it was read.
+    states = []
+
+    def calls():
+        for n in range(1500):
+            states.append(connection.connection.info.transaction_status)
+            yield {"a": n}
+
+    connection.ensure_connection()
+    created = jobs.add.perform_later_many(calls())
+    assert _last_statement().startswith("COPY axa_queue")
+    assert set(states) == {psycopg.pq.TransactionStatus.IDLE}
+    assert sorted(job.args["a"] for job in Job.objects.filter(pk__in=[job.pk for job in created])) == list(range(1500))
+
+
+@pytest.mark.parametrize(
+    "job, args",
+    [
+        (jobs.add, {"a": 1}),
+        (jobs.add.using(queue="other", priority=3), {"a": 1}),
+        (one_per_account, {"account_id": 1, "token": "t"}),
+        (one_per_account.using(concurrency_key="fixed"), {"account_id": 1, "token": "t"}),
+        (five_per_second, {"api": "a", "token": "t"}),
+    ],
+)
+def test_a_jobs_fixed_options_are_what_each_call_gets(job, args):
+    # perform_later_many streams a batch only when no call's options differ from these.
+    fixed = job._fixed_options()
+    if fixed is not None:
+        assert job._options_for(args) is fixed
+    else:
+        assert job._options_for(args) != job.options
+
+
 REFUSE = """
 CREATE FUNCTION axa_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

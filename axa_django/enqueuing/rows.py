@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import itertools
 import json
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -26,6 +27,8 @@ from .options import Options
 # The job_enqueued signal's sender: the JobFunction enqueueing, or None for enqueue by name.
 # Typed loosely so this module need not import registry, which sits above it.
 Sender = Callable[..., Any] | None
+# A row to write: the job's name, its args object, its options.
+Item = tuple[str, dict[str, Any], Options]
 
 # A Job's fields, in model order. An INSERT reads back only what the database chose
 # (the times); the rest is what was sent or a column default of a fresh row.
@@ -296,18 +299,15 @@ def _copy_tail(options: Options) -> str:
     )
 
 
-def _copied(
-    items: list[tuple[str, dict[str, Any], Options]], start: int, end: int, using: str, watched: bool
-) -> tuple[str, list[Job]]:
-    """_COPY's text for ``items[start:end]`` and their Jobs; a bad item raises naming its index.
+def _copied(chunk: list[Item], start: int, using: str, watched: bool) -> tuple[str, list[Job]]:
+    """_COPY's text for ``chunk`` (items ``start`` on) and their Jobs; a bad item raises naming its index.
 
     Most batches share one Options (a job's own, as no key is computed): what follows
     the args is written once per Options, not per row.
     """
     lines, jobs, tails = [], [], {}
     limit = conf.get("MAX_ARGS_BYTES")
-    for index, job_id in zip(range(start, end), uuid4s(end - start), strict=True):
-        name, args, options = items[index]
+    for index, (name, args, options), job_id in zip(itertools.count(start), chunk, uuid4s(len(chunk))):
         tail = tails.get(id(options))  # the items hold each Options alive: an id names one
         if tail is None:
             tail = tails[id(options)] = _copy_tail(options)
@@ -363,37 +363,59 @@ def _copyable(options: Options) -> bool:
     return options.run_at is None and options.delay is None and options.unique_key is None
 
 
-def write_many(items: Iterable[tuple[str, dict[str, Any], Options]], sender: Sender) -> BulkResult:
-    """Insert many rows in one statement; a bad item raises and none is written."""
+def _chunks(items: Iterable[Item]) -> Iterator[list[Item]]:
+    """``items`` in lists of _COPY_ROWS, read as they are asked for."""
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, _COPY_ROWS)):
+        yield chunk
+
+
+def write_many(items: Iterable[Item], sender: Sender, options: Options | None = None) -> BulkResult:
+    """Insert many rows in one statement; a bad item raises and none is written.
+
+    ``options``: every item's, when the caller knows them before the items (no key is
+    computed from a call's arguments). A batch that can be copied is then read as the
+    COPY goes: ``items`` may be a generator that checks each call, and the checks run
+    while the server takes in the rows before.
+    """
     using = conf.queue_database()
-    items = list(items)
-    if any(options.after or options.workflow is not None for _, _, options in items):
-        return write_children([(name, args, options, None) for name, args, options in items], sender)
+    streamed = options is not None and _copyable(options) and not options.after and options.workflow is None
+    listed = None if streamed else list(items)
+    if listed is not None:
+        if any(item[2].after or item[2].workflow is not None for item in listed):
+            return write_children([(name, args, options, None) for name, args, options in listed], sender)
+        if not listed:
+            return BulkResult()
     result = BulkResult()
-    if not items:
-        return result
     watched = _watched()
     with _cursor(using) as cursor:
-        if isinstance(cursor, psycopg.Cursor) and all(_copyable(options) for _, _, options in items):
+        if isinstance(cursor, psycopg.Cursor) and (listed is None or all(_copyable(item[2]) for item in listed)):
+            chunks = _chunks(items if listed is None else listed)
+            first = next(chunks, None)
+            if first is None:
+                return result
             # Rows are encoded while the server takes in the ones before. An item found
             # bad halfway aborts the COPY, which writes nothing; in a transaction, a
             # savepoint keeps the caller's transaction usable after it.
             wrapper = connections[using]
             inside = wrapper.in_atomic_block or not wrapper.get_autocommit()
             with transaction.atomic(using=using) if inside else contextlib.nullcontext(), cursor.copy(_COPY) as copy:
-                for start in range(0, len(items), _COPY_ROWS):
-                    text, jobs = _copied(items, start, min(start + _COPY_ROWS, len(items)), using, watched)
+                for chunk in itertools.chain([first], chunks):
+                    text, jobs = _copied(chunk, len(result), using, watched)
                     copy.write(text)
                     result += jobs
         else:
-            rows = _encoded(items, 0, len(items))
+            listed = list(items) if listed is None else listed
+            if not listed:
+                return result
+            rows = _encoded(listed, 0, len(listed))
             document = "[" + ",".join(map(_as_json, rows)) + "]"
             cursor.execute(f"INSERT INTO axa_queue ({_COLUMNS}) {_FROM_JSON} {_ON_UNIQUE} RETURNING id", [document])
             written = {row[0] for row in cursor.fetchall()}
-            for row, (name, args, options) in zip(rows, items, strict=True):
+            for row, (name, args, options) in zip(rows, listed, strict=True):
                 if row[0] in written:
                     result.append(_bulk_job(using, row[0], name, args, options, watched))
-    result.skipped = len(items) - len(result)
+            result.skipped = len(listed) - len(result)
     for job in result:
         job_enqueued.send(sender=sender, job=job)
     return result
