@@ -6,8 +6,10 @@ import zoneinfo
 import psycopg
 import pytest
 from django.db import DatabaseError, connection, transaction
+from django.db.models.signals import post_init
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
+from django.utils.functional import SimpleLazyObject
 
 from axa_django import Job, enqueue_many
 from tests.conftest import AXA_APPS
@@ -181,6 +183,49 @@ def test_calls_are_read_whole_before_the_copy_takes_the_connection():
     assert _last_statement().startswith("COPY axa_queue")
     assert set(states) == {psycopg.pq.TransactionStatus.IDLE}
     assert sorted(job.args["a"] for job in Job.objects.filter(pk__in=[job.pk for job in created])) == list(range(1500))
+
+
+def test_a_lazy_object_in_a_call_read_during_the_copy_is_refused_without_being_loaded():
+    # A call checked while the COPY holds the connection: naming what is wrong with a
+    # lazy object (request.user) must not load it, a query that would wait forever.
+    loaded = []
+
+    def load() -> object:
+        loaded.append(connection.connection.info.transaction_status)  # no query: a regression fails, not hangs
+        return object()
+
+    calls = [{"a": n} for n in range(2500)]
+    calls[1500] = {"a": SimpleLazyObject(load)}
+    with pytest.raises(TypeError, match=r"item 1500: argument 'a' of job '[^']*add' is a django\.utils\.functional"):
+        jobs.add.perform_later_many(calls)
+    assert loaded == []
+    assert not Job.objects.exists()
+    # A model instance still gets its hint, read from its type.
+    with pytest.raises(TypeError, match="pass its primary key and load it in the job"):
+        jobs.add.perform_later_many([{"a": n} for n in range(1500)] + [{"a": Job(name="x")}])
+
+
+def test_a_post_init_receiver_that_queries_sees_each_copied_job_after_the_copy():
+    # Jobs are built by from_db when someone listens to Job's post_init; a receiver that
+    # queries would wait forever on the connection the COPY holds, so they are built after.
+    seen, before = [], []
+
+    def receiver(sender, instance, **kwargs):
+        if not before:
+            before.append(_last_statement())  # what ran before the first receiver's query
+        # Queries only once the COPY is over: built inside it, this test fails instead of hanging.
+        idle = connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        seen.append((instance.pk, idle and Job.objects.filter(pk=instance.pk).exists()))
+
+    post_init.connect(receiver, sender=Job)
+    try:
+        created = jobs.add.perform_later_many([{"a": n} for n in range(2500)])
+    finally:
+        post_init.disconnect(receiver, sender=Job)
+    assert before[0].startswith("COPY axa_queue")
+    assert [pk for pk, _ in seen] == [job.pk for job in created]
+    assert all(found for _, found in seen)  # each row was there when its Job was built
+    assert Job.objects.count() == 2500
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,8 @@ MAX_DEPTH = 200
 _SCALARS = (str, int, bool, type(None))
 # Values that need no look inside a container unless checking what PostgreSQL can store.
 _FAST = frozenset(_SCALARS)
+# Non-str keys whose repr an error message may show (the standard library's own).
+_SHOWN_KEYS = frozenset({int, float, bool, type(None), bytes, complex})
 
 # Names a place inside a value from its path of keys and indexes.
 Describe = Callable[[Sequence[Any]], str]
@@ -112,10 +114,12 @@ def _problem(value: Any, levels: int, storable: bool) -> tuple[type[Exception], 
             else:
                 for key, child in item.items():
                     if type(key) is not str:
+                        # repr runs the key's own code: said only for the types whose repr is ours.
+                        said = f"{key!r} " if type(key) in _SHOWN_KEYS else ""
                         return (
                             TypeError,
                             link,
-                            f"has the key {key!r} of type {type(key).__name__}; JSON object keys must be str.",
+                            f"has the key {said}of type {type(key).__name__}; JSON object keys must be str.",
                         )
                     if storable and (reason := _text_problem(key)) is not None:
                         return ValueError, link, f"has the key {key!r}, which {reason}"
@@ -172,15 +176,18 @@ def _describe(value: Any) -> str:
 
 
 def _hint(value: Any) -> str:
-    if isinstance(value, bytes | bytearray | memoryview):
+    # Read from the type alone: a lazy object (request.user) asked for an attribute or its
+    # __class__ loads itself, a query on a connection a bulk COPY may be holding.
+    kind = type(value)
+    if issubclass(kind, bytes | bytearray | memoryview):
         return "decode it to str (or base64) first."
-    if isinstance(value, tuple):
+    if issubclass(kind, tuple):
         return "pass a list (a tuple comes back as a list)."
-    if isinstance(value, set | frozenset):
+    if issubclass(kind, set | frozenset):
         return "pass a sorted list."
-    if hasattr(value, "isoformat"):
+    if hasattr(kind, "isoformat"):
         return "pass value.isoformat() and parse it in the job."
-    if hasattr(value, "pk"):
+    if hasattr(kind, "pk"):
         return "pass its primary key and load it in the job."
     return "pass str, int, float, bool, None, list or dict with str keys."
 

@@ -299,15 +299,16 @@ def _copy_tail(options: Options) -> str:
     )
 
 
-def _copied(chunk: list[Item], start: int, using: str, watched: bool) -> tuple[str, list[Job]]:
-    """_COPY's text for ``chunk`` (items ``start`` on) and their Jobs; a bad item raises naming its index.
+def _copied(chunk: list[Item], start: int) -> tuple[str, list[uuid.UUID]]:
+    """_COPY's text for ``chunk`` (items ``start`` on) and its rows' ids; a bad item raises naming its index.
 
     Most batches share one Options (a job's own, as no key is computed): what follows
     the args is written once per Options, not per row.
     """
-    lines, jobs, tails = [], [], {}
+    lines, tails = [], {}
+    ids = uuid4s(len(chunk))
     limit = conf.get("MAX_ARGS_BYTES")
-    for index, (name, args, options), job_id in zip(itertools.count(start), chunk, uuid4s(len(chunk))):
+    for index, (name, args, options), job_id in zip(itertools.count(start), chunk, ids):
         tail = tails.get(id(options))  # the items hold each Options alive: an id names one
         if tail is None:
             tail = tails[id(options)] = _copy_tail(options)
@@ -318,8 +319,15 @@ def _copied(chunk: list[Item], start: int, using: str, watched: bool) -> tuple[s
         # args is JSON text: tabs and newlines in it are escaped already, backslashes not.
         text = text.replace("\\", "\\\\")
         lines.append(f"{job_id.hex}\t{_copy_name(name)}\t{text}{tail}")
-        jobs.append(_bulk_job(using, job_id, name, args, options, watched))
-    return "".join(lines), jobs
+    return "".join(lines), ids
+
+
+def _built(chunk: list[Item], ids: list[uuid.UUID], using: str, watched: bool) -> list[Job]:
+    """The Jobs of ``chunk``'s rows, written with ``ids``."""
+    return [
+        _bulk_job(using, job_id, name, args, options, watched)
+        for (name, args, options), job_id in zip(chunk, ids, strict=True)
+    ]
 
 
 def _bulk_job(
@@ -399,11 +407,22 @@ def write_many(items: Iterable[Item], sender: Sender, options: Options | None = 
             # savepoint keeps the caller's transaction usable after it.
             wrapper = connections[using]
             inside = wrapper.in_atomic_block or not wrapper.get_autocommit()
+            # A Job built by from_db (someone listens to pre_init or post_init) runs those
+            # receivers, whose queries would wait forever on the connection the COPY holds:
+            # such Jobs are built after it.
+            later: list[tuple[list[Item], list[uuid.UUID]]] = []
+            written = 0
             with transaction.atomic(using=using) if inside else contextlib.nullcontext(), cursor.copy(_COPY) as copy:
                 for chunk in itertools.chain([first], chunks):
-                    text, jobs = _copied(chunk, len(result), using, watched)
+                    text, ids = _copied(chunk, written)
                     copy.write(text)
-                    result += jobs
+                    written += len(chunk)
+                    if watched:
+                        later.append((chunk, ids))
+                    else:
+                        result += _built(chunk, ids, using, watched)
+            for chunk, ids in later:
+                result += _built(chunk, ids, using, watched)
         else:
             listed = list(items) if listed is None else listed
             if not listed:
