@@ -58,6 +58,16 @@ def check_backoff(backoff: Any, job: str) -> Callable[[int], float] | float | No
     return backoff
 
 
+def _split(
+    call: Mapping[str, Any] | tuple[tuple[Any, ...], Mapping[str, Any]],
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A call of perform_later_many as (args, kwargs); a dict, the common call, goes in as it is (bind copies)."""
+    if type(call) is dict:
+        return (), call
+    args, kwargs = ((), call) if isinstance(call, Mapping) else call
+    return tuple(args), dict(kwargs)
+
+
 class JobFunction(Generic[P, R]):
     """A function registered as a background job; call it to run it here and now."""
 
@@ -186,16 +196,10 @@ class JobFunction(Generic[P, R]):
         return options
 
     def _items(
-        self, calls: Iterable[Mapping[str, Any] | tuple[tuple[Any, ...], Mapping[str, Any]]]
+        self, calls: list[tuple[tuple[Any, ...], dict[str, Any]]]
     ) -> Iterator[tuple[str, dict[str, Any], Options]]:
         """Each call bound and checked, with its options; a bad one raises naming its index."""
-        for index, call in enumerate(calls):
-            # bind copies what it keeps; a dict, the common call, goes in as it is.
-            if type(call) is dict:
-                args, kwargs = (), call
-            else:
-                args, kwargs = ((), call) if isinstance(call, Mapping) else call
-                args, kwargs = tuple(args), dict(kwargs)
+        for index, (args, kwargs) in enumerate(calls):
             try:
                 arguments = bind(self.signature, self.name, args, kwargs)
             except (TypeError, ValueError) as error:
@@ -214,11 +218,12 @@ class JobFunction(Generic[P, R]):
         self, calls: Iterable[Mapping[str, Any] | tuple[tuple[Any, ...], Mapping[str, Any]]]
     ) -> BulkResult:
         """Enqueue many calls in one statement; each is a kwargs mapping or an (args, kwargs) pair."""
-        # Read whole first: a generator over a queryset's iterator() would query the
-        # connection the COPY below holds. The calls are then checked as write_many reads
-        # them: before it writes any, or, for a batch it copies, while the server takes in
-        # the rows before (a bad one aborts the COPY, writing none).
-        items = self._items(list(calls))
+        # Read whole first, and each call's args and kwargs too: a generator over a
+        # queryset's iterator(), or a queryset given as args, would query the connection
+        # the COPY below holds. The calls are then checked as write_many reads them: before
+        # it writes any, or, for a batch it copies, while the server takes in the rows
+        # before (a bad one aborts the COPY, writing none).
+        items = self._items([_split(call) for call in calls])
         jobs = tracing.enqueued(self.name, rows.write_many, items, self, self._fixed_options())
         if conf.get("MODE") == "immediate":
             for job in jobs:

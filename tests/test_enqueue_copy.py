@@ -173,10 +173,17 @@ def test_calls_are_read_whole_before_the_copy_takes_the_connection():
     # doing when it was read.
     states = []
 
+    def status():
+        states.append(connection.connection.info.transaction_status)
+
+    def args(n):  # a pair's args, read like a queryset: lazily
+        status()
+        yield n
+
     def calls():
         for n in range(1500):
-            states.append(connection.connection.info.transaction_status)
-            yield {"a": n}
+            status()
+            yield {"a": n} if n % 2 else (args(n), {})
 
     connection.ensure_connection()
     created = jobs.add.perform_later_many(calls())
