@@ -14,6 +14,7 @@ from .arguments import bind
 from .enqueuing import rows
 from .enqueuing.options import Options, check_text
 from .execution.inline import run_inline
+from .ids import uuid7
 from .models import Job, Workflow
 from .registry import JobFunction, background_job, registry
 
@@ -30,7 +31,7 @@ class _Group:
         if not isinstance(name, str):
             raise TypeError(f"a {self.kind} name must be a str, not {type(name).__name__}")
         self.name = check_text(name, f"{self.kind} name")
-        self.id = uuid.uuid4()
+        self.id = uuid7()
         self.jobs: list[Job] = []
         self._items: list[tuple[str, dict[str, Any], Options, uuid.UUID]] = []
         self._senders: list[JobFunction[Any, Any] | None] = []
@@ -50,7 +51,7 @@ class _Group:
             raise TypeError(f"{self.kind}.add takes a @background_job function first, not {type(function).__name__}")
         arguments = bind(function.signature, function.name, args, kwargs)
         job_options = replace(function._options_for(arguments), workflow=self.id, **options).checked()
-        job_id = uuid.uuid4()
+        job_id = uuid7()
         self._items.append((function.name, arguments, job_options, job_id))
         self._senders.append(function)
         job = Job(id=job_id, name=function.name, args=arguments, status=Job.Status.WAITING, workflow_id=self.id)
@@ -141,7 +142,7 @@ class batch(_Group):
                 callback.options, after=after, on_parent_failure="run", workflow=self.id, unique_key=None
             ).checked()
             arguments = {"batch_id": str(self.id), "callback": callback.name, "kind": which}
-            extra.append((CALLBACK, arguments, options, uuid.uuid4()))
+            extra.append((CALLBACK, arguments, options, uuid7()))
         return extra
 
 

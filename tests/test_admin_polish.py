@@ -142,7 +142,7 @@ def test_retry_matching_confirmation_needs_the_retry_permission() -> None:
 
 def test_an_id_prefix_searches_ids_only(admin_client: Client) -> None:
     target = make_job()
-    prefix = str(target.pk)[:8]
+    prefix = str(target.pk)[:28]  # past the time the ids begin with (axa_django.ids)
     decoy = make_job("failed", args={"note": prefix}, error=f"ValueError: {prefix}")
 
     def found(term: str) -> set[uuid.UUID]:
@@ -152,8 +152,10 @@ def test_an_id_prefix_searches_ids_only(admin_client: Client) -> None:
         return listed
 
     assert found(prefix) == {target.pk}
-    assert found(str(target.pk)[:13]) == {target.pk}  # with its dash
+    assert found(target.pk.hex[:24]) == {target.pk}  # without its dashes
     assert found(prefix.upper()) == {target.pk}
+    # Eight characters are the time to about a minute: the jobs made then.
+    assert found(prefix[:8]) == {job.pk for job in (target, decoy) if job.pk.hex[:8] == prefix[:8]}
     assert found(str(target.pk).upper()) == {target.pk}
     text = {job.pk for job in admin_client.get(JOBS, {"q": "note"}).context["cl"].result_list}
     assert text == {decoy.pk}

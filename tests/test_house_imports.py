@@ -19,7 +19,7 @@ ORDER = [
     "enqueuing",
     "conf",
     "enqueuing.reach",
-    "enqueuing.ids",
+    "ids",
     "arguments.annotations",
     "arguments",
     "sql.claims",

@@ -68,7 +68,7 @@ class JobAdmin(JobPermissions, JobWorkflowFields, JobActions):
     change_list_template = "admin/axa_django/job/change_list.html"
     change_form_template = "admin/axa_django/job/change_form.html"
     list_display = (
-        "short_id",
+        "id_shown",
         "name",
         "status_marker",
         "queue",
@@ -79,11 +79,11 @@ class JobAdmin(JobPermissions, JobWorkflowFields, JobActions):
         "duration_shown",
         "error_shown",
     )
-    list_display_links = ("short_id", "name")
+    list_display_links = ("id_shown", "name")
     list_filter = ("status", NameFilter, QueueFilter, "created_at")
     search_fields = ("name",)  # shows the search box; get_search_results does the searching
     search_help_text = (
-        "A job id or its first 8+ characters (searches ids only), a name, or text in the arguments or error."
+        "A job id or its start, 8+ characters (searches ids only), a name, or text in the arguments or error."
     )
     ordering = ("-created_at",)
     list_per_page = 50
@@ -146,9 +146,11 @@ class JobAdmin(JobPermissions, JobWorkflowFields, JobActions):
     ) -> tuple[QuerySet[Any], bool]:
         return search_jobs(queryset, search_term), False
 
+    # Whole: ids begin with the time they were made (axa_django.ids), so their first
+    # characters are shared by every job of the same minute.
     @admin.display(description="id", ordering="id")
-    def short_id(self, job: Job) -> str:
-        return str(job.id)[:8]
+    def id_shown(self, job: Job) -> str:
+        return str(job.id)
 
     @admin.display(description="status", ordering="status")
     def status_marker(self, job: Job) -> SafeString:
@@ -269,7 +271,7 @@ class JobAdmin(JobPermissions, JobWorkflowFields, JobActions):
 class FailedJobAdmin(JobAdmin):
     """Only failed jobs, the most recent failure first, with each error's first line."""
 
-    list_display = ("short_id", "name", "failed_at", "attempts_shown", "queue", "error_shown")
+    list_display = ("id_shown", "name", "failed_at", "attempts_shown", "queue", "error_shown")
     list_filter = (NameFilter, QueueFilter, "finished_at")
     ordering = ("-finished_at",)
 

@@ -87,8 +87,8 @@ class JobWorkflowFields:
 class WorkflowAdmin(JobPermissions, admin.ModelAdmin):  # type: ignore[type-arg]
     """Workflows and batches: each with its jobs counted by status, linked to the job list."""
 
-    list_display = ("short_id", "name", "kind", "created_at", "counts_line")
-    list_display_links = ("short_id", "name")
+    list_display = ("id_shown", "name", "kind", "created_at", "counts_line")
+    list_display_links = ("id_shown", "name")
     list_filter = ("kind", "created_at")
     search_fields = ("name",)
     ordering = ("-created_at",)
@@ -104,8 +104,8 @@ class WorkflowAdmin(JobPermissions, admin.ModelAdmin):  # type: ignore[type-arg]
         return self._has(request, "cancel")
 
     @admin.display(description="id", ordering="id")
-    def short_id(self, group: Workflow) -> str:
-        return str(group.id)[:8]
+    def id_shown(self, group: Workflow) -> str:
+        return str(group.id)
 
     def _jobs_url(self, group: Workflow, **filters: str) -> str:
         url = reverse("admin:axa_django_job_changelist", current_app=self.admin_site.name)

@@ -19,9 +19,9 @@ from django.db.models.signals import post_init, pre_init
 from .. import conf, dependencies
 from ..arguments import arguments_of, encode, task_arguments_of
 from ..exceptions import DuplicateJob
+from ..ids import uuid7, uuid7s
 from ..models import Job
 from ..signals import job_enqueued
-from .ids import uuid4s
 from .options import Options
 
 # The job_enqueued signal's sender: the JobFunction enqueueing, or None for enqueue by name.
@@ -120,7 +120,7 @@ def _args_text(name: str, args: dict[str, Any], options: Options, limit: int) ->
 
 def _params(name: str, args: dict[str, Any], options: Options, job_id: uuid.UUID | None = None) -> list[Any]:
     return [
-        job_id or uuid.uuid4(),
+        job_id or uuid7(),
         name,
         _args_text(name, args, options, conf.get("MAX_ARGS_BYTES")),
         options.queue,
@@ -306,7 +306,7 @@ def _copied(chunk: list[Item], start: int) -> tuple[str, list[uuid.UUID]]:
     the args is written once per Options, not per row.
     """
     lines, tails = [], {}
-    ids = uuid4s(len(chunk))
+    ids = uuid7s(len(chunk))
     limit = conf.get("MAX_ARGS_BYTES")
     for index, (name, args, options), job_id in zip(itertools.count(start), chunk, ids):
         tail = tails.get(id(options))  # the items hold each Options alive: an id names one

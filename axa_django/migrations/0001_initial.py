@@ -12,6 +12,8 @@ import uuid
 import django.db.models.functions.datetime
 from django.db import migrations, models
 
+import axa_django.ids
+
 # An insert from any producer (this app, a Rust service, psql) wakes idle workers.
 # FOR EACH STATEMENT sends one notification per INSERT however many rows it wrote,
 # and PostgreSQL delivers it at commit, so a rolled-back enqueue wakes nobody.
@@ -375,7 +377,10 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name="Workflow",
             fields=[
-                ("id", models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
+                (
+                    "id",
+                    models.UUIDField(default=axa_django.ids.uuid7, editable=False, primary_key=True, serialize=False),
+                ),
                 ("kind", models.TextField(choices=[("workflow", "Workflow"), ("batch", "Batch")], default="workflow")),
                 ("name", models.TextField(blank=True, default="")),
                 ("created_at", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
@@ -407,7 +412,10 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name="Job",
             fields=[
-                ("id", models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
+                (
+                    "id",
+                    models.UUIDField(default=axa_django.ids.uuid7, editable=False, primary_key=True, serialize=False),
+                ),
                 ("name", models.TextField()),
                 ("args", models.JSONField(default=dict)),
                 (

@@ -11,6 +11,7 @@ from django.db.models.functions import Now
 from psycopg.types.json import Jsonb
 
 from .. import dependencies, sql
+from ..ids import uuid7
 
 # One row of sql.RETRY: the job's id, whether it was queued again, and else the job holding its key.
 Row = tuple[uuid.UUID, bool, uuid.UUID | None]
@@ -230,7 +231,7 @@ class Job(models.Model):
         CANCELLED = "cancelled"
 
     # The seed's columns, with its defaults.
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
     name = models.TextField()
     args = RowJSONField(default=dict)
     status = models.TextField(choices=Status, default=Status.QUEUED, db_default=Status.QUEUED)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import uuid
-
 from django.db import models
 from django.db.models.functions import Now
 
+from ..ids import uuid7
 from .jobs import Job, JobQuerySet
 
 
@@ -38,7 +37,7 @@ class Workflow(models.Model):
         WORKFLOW = "workflow"
         BATCH = "batch"
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
     kind = models.TextField(choices=Kind, default=Kind.WORKFLOW)
     name = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(db_default=Now())
