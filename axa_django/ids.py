@@ -4,8 +4,8 @@ A random (version 4) id puts each new row's primary-key entry on a random page o
 index: once the table outgrows memory every insert reads and dirties a page of its
 own, and the first write to a page after a checkpoint logs the whole page. Ids that
 grow with time land together at the index's right edge. With 2,000,000 finished rows,
-a drain's server time per job 29.5-30.8 -> 20.3-22.2 us and its WAL 3,750 -> 1,225
-bytes (``benchmarks/results/pg15-uuid7-ab.txt``).
+a drain's server time per job 26.2-38.8 -> 19.8-24.0 us, and its WAL after a checkpoint
+3,731-3,760 -> 1,225 bytes a job (``benchmarks/results/pg15-uuid7-ab.txt``).
 """
 
 from __future__ import annotations
