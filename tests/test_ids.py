@@ -1,6 +1,7 @@
 """Job ids are version 7 UUIDs: they begin with the time they were made, ascend within a batch, and behave as any UUID."""
 
 import copy
+import datetime
 import pickle
 import time
 import uuid
@@ -61,3 +62,26 @@ def test_every_way_to_write_a_job_gives_it_a_version_7_id():
     assert list(many) == sorted(many, key=lambda job: job.pk)
     assert {job.pk for job in Job.objects.all()} >= {single.pk, *(job.pk for job in many), *(j.pk for j in w.jobs)}
     assert w.id.version == 7 and Workflow().pk.version == 7
+
+
+def test_ids_made_after_a_batchs_last_go_on_from_it():
+    first = uuid7s(3)
+    deadline = time.monotonic() + 5
+    while time.time_ns() // 1_000_000 <= _millisecond(first[-1]) and time.monotonic() < deadline:
+        pass
+    more = uuid7s(3, after=first[-1])
+    assert first + more == sorted(first + more) and more[0].int == first[-1].int + 1
+    assert {_millisecond(i) for i in more} == {_millisecond(first[-1])}
+    # At the top of the count, a new start: never a carry into the version or the time.
+    top = uuid.UUID(int=first[-1].int | (0xFFF << 64) | ((1 << 62) - 1))
+    assert all(i.version == 7 for i in uuid7s(2, after=top))
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("options", [{}, {"delay": datetime.timedelta(0)}], ids=["copied", "inserted"])
+def test_a_bulk_enqueues_ids_ascend_across_its_parts(options):
+    calls = [((i, i), {}) for i in range(2_500)]  # three parts of a COPY
+    many = (jobs.add.using(**options) if options else jobs.add).perform_later_many(calls)
+    ids = [job.pk for job in many]
+    assert len(set(ids)) == 2_500 and ids == sorted(ids)
+    assert sorted(Job.objects.values_list("pk", flat=True)) == ids

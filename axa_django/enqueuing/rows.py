@@ -299,14 +299,15 @@ def _copy_tail(options: Options) -> str:
     )
 
 
-def _copied(chunk: list[Item], start: int) -> tuple[str, list[uuid.UUID]]:
-    """_COPY's text for ``chunk`` (items ``start`` on) and its rows' ids; a bad item raises naming its index.
+def _copied(chunk: list[Item], start: int, after: uuid.UUID | None) -> tuple[str, list[uuid.UUID]]:
+    """_COPY's text for ``chunk`` (items ``start`` on, ids going on from ``after``) and its rows' ids;
+    a bad item raises naming its index.
 
     Most batches share one Options (a job's own, as no key is computed): what follows
     the args is written once per Options, not per row.
     """
     lines, tails = [], {}
-    ids = uuid7s(len(chunk))
+    ids = uuid7s(len(chunk), after)
     limit = conf.get("MAX_ARGS_BYTES")
     for index, (name, args, options), job_id in zip(itertools.count(start), chunk, ids):
         tail = tails.get(id(options))  # the items hold each Options alive: an id names one
@@ -358,10 +359,10 @@ def _bulk_job(
 def _encoded(items: list[tuple[str, dict[str, Any], Options]], start: int, end: int) -> list[list[Any]]:
     """Rows of _params for ``items[start:end]``; a bad one raises naming its index."""
     rows = []
-    for index in range(start, end):
+    for index, job_id in zip(range(start, end), uuid7s(end - start), strict=True):
         name, args, options = items[index]
         try:
-            rows.append(_params(name, args, options))
+            rows.append(_params(name, args, options, job_id))
         except (TypeError, ValueError) as error:
             raise type(error)(f"item {index}: {error}") from None
     return rows
@@ -411,12 +412,12 @@ def write_many(items: Iterable[Item], sender: Sender, options: Options | None = 
             # receivers, whose queries would wait forever on the connection the COPY holds:
             # such Jobs are built after it.
             later: list[tuple[list[Item], list[uuid.UUID]]] = []
-            written = 0
+            written, last = 0, None
             with transaction.atomic(using=using) if inside else contextlib.nullcontext(), cursor.copy(_COPY) as copy:
                 for chunk in itertools.chain([first], chunks):
-                    text, ids = _copied(chunk, written)
+                    text, ids = _copied(chunk, written, last)
                     copy.write(text)
-                    written += len(chunk)
+                    written, last = written + len(chunk), ids[-1]
                     if watched:
                         later.append((chunk, ids))
                     else:
