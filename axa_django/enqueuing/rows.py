@@ -412,7 +412,8 @@ def write_many(items: Iterable[Item], sender: Sender, options: Options | None = 
             # receivers, whose queries would wait forever on the connection the COPY holds:
             # such Jobs are built after it.
             later: list[tuple[list[Item], list[uuid.UUID]]] = []
-            written, last = 0, None
+            written = 0
+            last: uuid.UUID | None = None  # the id the next part's ids go on from
             with transaction.atomic(using=using) if inside else contextlib.nullcontext(), cursor.copy(_COPY) as copy:
                 for chunk in itertools.chain([first], chunks):
                     text, ids = _copied(chunk, written, last)
