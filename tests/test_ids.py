@@ -18,6 +18,13 @@ def _millisecond(made: uuid.UUID) -> int:
     return made.int >> 80
 
 
+def _past(made: uuid.UUID) -> None:
+    """Return once the clock has left ``made``'s millisecond (a deadline of 5 s)."""
+    deadline = time.monotonic() + 5
+    while time.time_ns() // 1_000_000 <= _millisecond(made) and time.monotonic() < deadline:
+        pass
+
+
 def test_ids_made_in_bulk_are_distinct_ascending_version_7_uuids_that_behave_as_any_uuid():
     before = time.time_ns() // 1_000_000
     ids = uuid7s(20_000)
@@ -44,9 +51,7 @@ def test_the_bits_after_the_time_start_at_random():
 
 def test_ids_made_later_sort_later():
     first = uuid7()
-    deadline = time.monotonic() + 5
-    while time.time_ns() // 1_000_000 <= _millisecond(first) and time.monotonic() < deadline:
-        pass
+    _past(first)
     assert uuid7() > first
 
 
@@ -66,9 +71,7 @@ def test_every_way_to_write_a_job_gives_it_a_version_7_id():
 
 def test_ids_made_after_a_batchs_last_go_on_from_it():
     first = uuid7s(3)
-    deadline = time.monotonic() + 5
-    while time.time_ns() // 1_000_000 <= _millisecond(first[-1]) and time.monotonic() < deadline:
-        pass
+    _past(first[-1])
     more = uuid7s(3, after=first[-1])
     assert first + more == sorted(first + more) and more[0].int == first[-1].int + 1
     assert {_millisecond(i) for i in more} == {_millisecond(first[-1])}
