@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from axa_django import unhandled
 from axa_django.admin.display import short_error, thousands
+from axa_django.admin.lists import ID_MATCHES
 from axa_django.admin.pagination import EstimatedCountPaginator
 from axa_django.models import Job, Worker
 from tests.test_admin import (
@@ -29,6 +30,7 @@ from tests.test_admin import (
     make_job,
     user_with,
 )
+from tests.testapp import jobs as testapp_jobs
 
 pytestmark = pytest.mark.django_db
 
@@ -159,6 +161,18 @@ def test_an_id_prefix_searches_ids_only(admin_client: Client) -> None:
     assert found(str(target.pk).upper()) == {target.pk}
     text = {job.pk for job in admin_client.get(JOBS, {"q": "note"}).context["cl"].result_list}
     assert text == {decoy.pk}
+
+
+def test_an_id_prefix_lists_at_most_the_newest_matches_read_by_the_primary_key(admin_client: Client) -> None:
+    batch = testapp_jobs.add.perform_later_many([((i, i), {}) for i in range(ID_MATCHES + 50)])
+    prefix = batch[0].pk.hex[:8]
+    with CaptureQueriesContext(connection) as queries:
+        changelist = admin_client.get(JOBS, {"q": prefix}).context["cl"]
+    # A batch's ids ascend and share their start: the newest ID_MATCHES of them (a list page shows 50).
+    newest = sorted((job.pk for job in batch if job.pk.hex.startswith(prefix)), reverse=True)
+    assert changelist.result_count == min(len(newest), ID_MATCHES) == ID_MATCHES
+    assert {job.pk for job in changelist.result_list} == set(newest[:50])
+    assert any("ORDER BY" in q["sql"] and f"LIMIT {ID_MATCHES}" in q["sql"] for q in queries.captured_queries)
 
 
 # The dashboard: separators and the names no live worker handles.

@@ -22,6 +22,8 @@ from .display import thousands
 # search the ids alone, fewer also search the text.
 ID_PREFIX = re.compile(r"^[0-9a-f]{8,32}$")
 SHORT_ID_PREFIX = re.compile(r"^[0-9a-f]{4,7}$")
+# Jobs an id prefix lists at most, those with the greatest ids (the newest).
+ID_MATCHES = 100
 
 
 def refuse_nul(*queries: QueryDict) -> HttpResponseBadRequest | None:
@@ -53,7 +55,12 @@ def search_jobs(queryset: QuerySet[Any], term: str) -> QuerySet[Any]:
     prefix = term.lower().replace("-", "")
     if ID_PREFIX.match(prefix):
         # Scanning args and error as text costs seconds on a large table; an id prefix means an id.
-        return queryset.filter(id_range(prefix))
+        # Ids begin with their time, so a prefix can match a whole batch or minute: the matches
+        # are read by the primary key first, at most ID_MATCHES. Left to the list's ordering,
+        # a plan walked the history's created index whole for a prefix with no match there
+        # (0.5 s at 1,000,000 rows).
+        ids = queryset.filter(id_range(prefix)).order_by("-pk").values_list("pk", flat=True)[:ID_MATCHES]
+        return queryset.filter(pk__in=list(ids))
     text = Q(name__icontains=term) | Q(args__icontains=term) | Q(error__icontains=term)
     if SHORT_ID_PREFIX.match(prefix):
         text |= id_range(prefix)  # "cafe" may be text or an id's start
