@@ -18,6 +18,7 @@ __all__ = [
     "BadRow",
     "CannotConnect",
     "DuplicateJob",
+    "HistoryRefused",
     "JobCancelled",
     "JobLost",
     "JobTimeout",
@@ -87,6 +88,11 @@ class LeakedTransaction(RuntimeError):
 
 class UnstorableOutcome(Exception):
     """The attempt's outcome (its result or error) could not be written to its row; only why was stored."""
+
+
+class HistoryRefused(Exception):
+    """The database refused to move the finished job into the history (a user's foreign key or trigger):
+    the job was finished in place, in axa_queue."""
 
 
 class WorkerLost(Exception):

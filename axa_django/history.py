@@ -96,9 +96,13 @@ def drop(cursor: Any, retention: datetime.timedelta) -> int | None:
     table = _name(row[0])
     cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [table])
     if cursor.fetchone()[0]:
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [LOCK_TIMEOUT])
+        # Locked before its linked rows are read: a retry committing in between would move
+        # a parent and its child out of the table, and the drop then took their edges with
+        # it (the child waited for ever). A retry now waits for the drop, or the drop gives up.
+        cursor.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
         cursor.execute(LINKED.format(table=table))
         linked, groups = cursor.fetchone()
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [LOCK_TIMEOUT])
         cursor.execute(f"DROP TABLE {table}")
         if linked or groups:
             cursor.execute(DELETE_LINKS, {"ids": linked or [], "groups": groups or []})

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import datetime
+import logging
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections, transaction
 
 from . import conf
+from .sql import refused
+
+logger = logging.getLogger("axa_django")
 
 FINISHED = ("completed", "failed", "cancelled")
 BATCH_SIZE = 5000
@@ -18,7 +22,15 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 # A job is old when both its creation and its last change are before the cutoff; the
 # created_at bound lets the (status, created_at) index find the rows. SKIP LOCKED: a
 # row someone is changing right now waits for the next batch instead of blocking this one.
-_MATCH = "status = ANY(%(statuses)s) AND created_at < %(cutoff)s AND updated_at < %(cutoff)s"
+# Rows whose delete the database refused (a user's foreign key or trigger) are passed
+# over (%(skip)s): each was logged once, and a batch never fails on them again.
+_MATCH = (
+    "status = ANY(%(statuses)s) AND created_at < %(cutoff)s AND updated_at < %(cutoff)s "
+    "AND NOT (id = ANY(%(skip)s::uuid[]))"
+)
+# The refused rows this process passes over, at most this many (then the oldest go).
+REFUSED_KEPT = 10_000
+_refused: dict[Any, None] = {}
 # ARRAY(subquery) is an InitPlan, run once per statement. With ``id IN (subquery)`` the
 # planner may pick a nested-loop semi join that rescans the subquery per outer row, each
 # rescan locking LIMIT more rows: one "batch" then deletes every matching row.
@@ -43,7 +55,7 @@ WHERE w.id = ANY(%(groups)s::uuid[]) AND NOT EXISTS (SELECT 1 FROM axa_queue q W
 """
 
 
-def _delete_batch(cursor: Any, params: dict[str, Any], statement: str = DELETE_BATCH) -> int:
+def _delete(cursor: Any, params: dict[str, Any], statement: str) -> int:
     cursor.execute(statement, params)
     rows = cursor.fetchall()
     linked = [row[0] for row in rows if row[0] is not None]
@@ -51,6 +63,41 @@ def _delete_batch(cursor: Any, params: dict[str, Any], statement: str = DELETE_B
     if linked or groups:
         cursor.execute(DELETE_LINKS, {"ids": linked, "groups": groups})
     return len(rows)
+
+
+def _delete_batch(cursor: Any, params: dict[str, Any], statement: str = DELETE_BATCH) -> int:
+    """Delete one batch in a transaction (or savepoint) of its own; a batch refused for one
+    row's sake is deleted row by row, the refused rows kept and passed over from then on."""
+    params = {**params, "skip": list(_refused)}
+    alias = cursor.db.alias
+    try:
+        with transaction.atomic(using=alias):
+            return _delete(cursor, params, statement)
+    except DatabaseError as error:
+        if not refused.refusal(error):
+            raise
+        why = refused.reason(error)
+    # The batch's rows, one statement each (ONLY, as the batch had it, for RETENTION's own rows).
+    only = "ONLY " if "FROM ONLY axa_queue" in statement else ""
+    cursor.execute(f"SELECT id FROM {only}axa_queue WHERE {_MATCH} LIMIT %(limit)s", params)
+    ids = [row[0] for row in cursor.fetchall()]
+    one = statement.replace("WHERE id = ANY(ARRAY(", "WHERE id = %(id)s AND id = ANY(ARRAY(", 1)
+
+    def write(job_id: Any, again: str | None) -> None:
+        if again is not None:
+            # A delete has no "in place": the row stays, passed over.
+            raise refused.Refused(DatabaseError("a delete has nothing else to try"))
+        with transaction.atomic(using=alias):
+            _delete(cursor, {**params, "id": job_id}, one)
+
+    kept = refused.each(ids, write, refused.refusal, "prune of job")
+    for job_id in kept:
+        _refused[job_id] = None
+    while len(_refused) > REFUSED_KEPT:
+        del _refused[next(iter(_refused))]
+    if kept:
+        logger.error("pruning: %d job(s) could not be deleted (%s); they are passed over from now on", len(kept), why)
+    return len(ids) - len(kept)
 
 
 # The same for the rows finished in axa_queue itself: written finished by an INSERT (a
@@ -98,7 +145,7 @@ def count(older_than: datetime.timedelta, statuses: Iterable[str] | None = None,
     params = {"statuses": _statuses(statuses)}
     with connections[using or conf.get("DATABASE")].cursor() as cursor:
         params["cutoff"] = _cutoff(cursor, older_than)
-        cursor.execute(COUNT, params)
+        cursor.execute(COUNT, {**params, "skip": list(_refused)})
         return cursor.fetchone()[0]
 
 

@@ -16,6 +16,7 @@ from .enqueuing.options import Options, check_text
 from .execution.inline import run_inline
 from .ids import uuid7
 from .models import Job, Workflow
+from .models.moves import mark_loaded
 from .registry import JobFunction, background_job, registry
 
 CALLBACK = "axa_django.batch_callback"
@@ -77,6 +78,7 @@ class _Group:
         for job in self.jobs:
             job.status = found.get(job.pk, job.status)
             job._state.adding, job._state.db = False, using
+            mark_loaded(job)
         self._written = True
         if conf.get("MODE") == "immediate":
             run_group_inline(self.id)

@@ -24,6 +24,7 @@ ORDER = [
     "arguments",
     "sql.claims",
     "sql",
+    "sql.refused",
     "sql.flow",
     "sql.queues",
     "worker.lanes",
@@ -46,6 +47,8 @@ ORDER = [
     "ops.health",
     "ops.tracing",
     # The tables.
+    "models.moves",
+    "models.changes",
     "models.jobs",
     "models.workflows",
     "models.queue",

@@ -6,6 +6,7 @@ from django.db import connection
 
 from axa_django.ops import fleetstats
 from axa_django.ops import metrics as prometheus
+from axa_django.sql import refused
 from tests.testapp import ops_jobs
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.ops_urls")]
@@ -126,16 +127,17 @@ def test_bad_metrics_settings_are_refused(settings):
 
 @pytest.mark.parametrize(
     "statement",
-    ["QUEUE_NAMES", "PER_QUEUE", "RUNNING", "FINISHED", "WORKERS", "CURRENT"],
+    ["QUEUE_NAMES", "PER_QUEUE", "RUNNING", "FINISHED", "WORKERS", "CURRENT", "HISTORY_REFUSED"],
 )
 def test_every_figure_is_read_through_an_index(statement):
     params = {"queues": ["default", "mail"], "cap": fleetstats.CAP, "limit": 10}
     if statement == "QUEUE_NAMES":
         params = {"queues": fleetstats.QUEUES}
+    query = refused.COUNT if statement == "HISTORY_REFUSED" else getattr(fleetstats, statement)
     with connection.cursor() as cursor:
         cursor.execute("SET enable_seqscan = off")  # a plan that still scans has no index to use
         try:
-            cursor.execute("EXPLAIN " + getattr(fleetstats, statement), params)
+            cursor.execute("EXPLAIN " + query, params)
             plan = "\n".join(row[0] for row in cursor.fetchall())
         finally:
             cursor.execute("RESET enable_seqscan")

@@ -129,7 +129,7 @@ def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
 def batch_params(batch_size: int) -> dict[str, Any]:
     with connection.cursor() as cursor:
         cursor.execute("SELECT now() - interval '7 days'")
-        return {"statuses": list(pruning.FINISHED), "limit": batch_size, "cutoff": cursor.fetchone()[0]}
+        return {"statuses": list(pruning.FINISHED), "limit": batch_size, "cutoff": cursor.fetchone()[0], "skip": []}
 
 
 @pytest.mark.parametrize("disabled", [NESTED_LOOPS, EVERY_NESTED_LOOP], ids=["no-hash-merge", "every-nested-loop"])

@@ -179,6 +179,7 @@ def _job(using: str, values: dict[str, Any], watched: bool | None = None) -> Job
     job._state.adding = False
     job._state.db = using
     job.__dict__.update(values)
+    job._loaded = values  # what save() compares with: the row as written (models/moves.py)
     return job
 
 

@@ -26,6 +26,7 @@ from ..context import JobCancelled, JobContext, JobTimeout, run_cancellable
 from ..exceptions import BadResult, BadRow, LeakedTransaction, NoHandler, stored_type
 from ..ops import tracing
 from ..signals import job_finished
+from ..sql import refused
 from .attempts import Attempt
 from .timeouts import Watch, call
 
@@ -248,6 +249,21 @@ def finish(cursor: psycopg.Cursor[Any], outcomes: list[Outcome], worker_id: uuid
         params = {"outcomes": f"[{left}]", "worker": worker_id}
         unwritten -= dependencies.finish_parents(cursor, sql.FINISH_PARENTS, params)
     return unwritten
+
+
+def finish_in_place(cursor: psycopg.Cursor[Any], outcome: Outcome, worker_id: uuid.UUID | None, why: str) -> bool:
+    """Write a finished outcome whose move into the history was refused, in place, saying why; whether it was.
+
+    In a transaction of its own: ``axa.in_place`` holds for this transaction only.
+    """
+    with cursor.connection.transaction():
+        cursor.execute(refused.IN_PLACE)
+        cursor.execute(refused.FINISH_IN_PLACE, {"outcomes": f"[{_as_json(outcome)}]", "worker": worker_id})
+        if not cursor.fetchall():
+            return False
+        cursor.execute(refused.NOTE, {"id": outcome.id, "type": refused.REFUSED_TYPE, "message": refused.note(why)})
+        dependencies.settle(cursor, [outcome.id])
+    return True
 
 
 _TIMEOUT_TYPE = stored_type(JobTimeout)

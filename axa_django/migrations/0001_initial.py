@@ -246,9 +246,15 @@ BEGIN
 END
 $$;
 
--- A row finished in axa_queue by any statement but the worker's FINISH moves to the history.
+-- A row finished in axa_queue by any statement but the worker's FINISH moves to the history,
+-- unless the setting axa.in_place is on: the worker sets it, in a transaction of its own,
+-- for a row whose move a user's foreign key or trigger refused (worker/isolation.py), so
+-- that row is finished where it is instead of being left running.
 CREATE FUNCTION axa_history_keep() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+    IF current_setting('axa.in_place', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
     DELETE FROM ONLY axa_queue WHERE id = NEW.id;
     INSERT INTO axa_history SELECT NEW.*;
     RETURN NULL;
@@ -267,6 +273,32 @@ SELECT axa_history_make('axa_history', nextval('axa_history_number'));
 INSERT INTO axa_history_part (number, opened_at) VALUES (currval('axa_history_number'), now());
 CREATE TRIGGER axa_history_keep AFTER UPDATE OF status ON axa_queue FOR EACH ROW
     WHEN (NEW.status IN ('completed', 'failed', 'cancelled')) EXECUTE FUNCTION axa_history_keep();
+"""
+
+# A mixed fleet: the seed's REQUEUE_STALE, which a Rust service sharing the table runs at
+# its start, queues again every row running for longer than its stale_minutes, keeping
+# the worker id. This guard skips that update for a row of a worker still registered in
+# axa_worker (the rescue removes a worker only once its lease ran out), so a job whose
+# worker is alive is never requeued, however long it runs. The worker's own statements
+# that queue a row again clear its worker id, and the guard's condition never holds for
+# them (nor for a claim); a seed-claimed row has no worker id and is requeued as before.
+LIVE_OWNER = """
+CREATE FUNCTION axa_queue_live_owner() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM axa_worker WHERE id = OLD.worker_id) THEN
+        RETURN NULL;
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER axa_queue_live_owner BEFORE UPDATE OF status ON axa_queue FOR EACH ROW
+    WHEN (OLD.status = 'running' AND NEW.status = 'queued' AND OLD.worker_id IS NOT NULL
+          AND NEW.worker_id = OLD.worker_id AND OLD.started_at IS NOT NULL AND NEW.started_at IS NULL)
+    EXECUTE FUNCTION axa_queue_live_owner();
+"""
+NO_LIVE_OWNER = """
+DROP TRIGGER IF EXISTS axa_queue_live_owner ON axa_queue;
+DROP FUNCTION IF EXISTS axa_queue_live_owner();
 """
 
 # Back to one table: the history's rows return to axa_queue.
@@ -654,4 +686,5 @@ class Migration(migrations.Migration):
         migrations.RunSQL(BEHIND, NOT_BEHIND),
         migrations.RunSQL(FLOW_KEYS, DROP_FLOW_KEYS),
         migrations.RunSQL(HISTORY, DROP_HISTORY),
+        migrations.RunSQL(LIVE_OWNER, NO_LIVE_OWNER),
     ]

@@ -3,74 +3,19 @@
 from __future__ import annotations
 
 import datetime
-import uuid
 from typing import Any
 
-from django.db import IntegrityError, connections, models, transaction
+from django.db import models
 from django.db.models.functions import Now
 from psycopg.types.json import Jsonb
 
-from .. import dependencies, sql
 from ..ids import uuid7
-
-# One row of sql.RETRY: the job's id, whether it was queued again, and else the job holding its key.
-Row = tuple[uuid.UUID, bool, uuid.UUID | None]
-
-
-class RetryResult(int):
-    """How many jobs a retry queued again.
-
-    ``skipped`` maps each failed job left failed because its unique key is in use to
-    the job holding that key (None if that job finished before it could be named).
-    """
-
-    skipped: dict[uuid.UUID, uuid.UUID | None]
-
-    def __new__(cls, changed: int, skipped: dict[uuid.UUID, uuid.UUID | None] | None = None) -> RetryResult:
-        result = super().__new__(cls, changed)
-        result.skipped = skipped or {}
-        return result
+from . import changes
+from .changes import RetryResult
+from .moves import MovingQuerySet, StaysPut
 
 
-def _key_conflict(error: IntegrityError) -> bool:
-    diag = getattr(error.__cause__, "diag", None)
-    return getattr(diag, "constraint_name", None) == "axa_queue_unique"
-
-
-def _retry_rows(using: str, statement: str, params: Any) -> list[Row] | None:
-    """Run the retry statement in a savepoint; None if a concurrent writer took a key first."""
-    try:
-        with transaction.atomic(using=using), connections[using].cursor() as cursor:
-            cursor.execute(statement, params)
-            return list(cursor.fetchall())
-    except IntegrityError as error:
-        if _key_conflict(error):
-            return None
-        raise
-
-
-def _retry_one(using: str, job_id: uuid.UUID) -> list[Row]:
-    """Retry one job; if its key is taken meanwhile, report the job holding it (None once that one is gone)."""
-    holder = None
-    for _ in range(3):
-        rows = _retry_rows(using, dependencies.RETRY.format(candidates="WHERE q.id = %s"), [job_id])
-        if rows is not None:
-            return rows
-        key = Job.objects.using(using).filter(pk=job_id).values("name", "unique_key").first()
-        if key is None:
-            return []  # deleted meanwhile: nothing to retry
-        holder = (
-            Job.objects.using(using)
-            .filter(status__in=[Job.Status.QUEUED, Job.Status.RUNNING], **key)
-            .values_list("id", flat=True)
-            .first()
-        )
-        if holder is not None:
-            break
-    return [(job_id, False, holder)]
-
-
-class JobQuerySet(models.QuerySet["Job"]):
+class JobQuerySet(MovingQuerySet["Job"]):
     """Queries over jobs; status changes are guarded on the status they leave."""
 
     def ready(self) -> JobQuerySet:
@@ -81,67 +26,18 @@ class JobQuerySet(models.QuerySet["Job"]):
         """Queue failed jobs again to run now, waking idle workers; return how many changed.
 
         A job whose unique key another queued or running job holds (or a job retried
-        with it, the latest failure first) stays failed and is listed in ``skipped``.
+        with it, the latest failure first) stays failed and is listed in ``skipped``; one
+        the database refuses to queue again (a user's trigger) in ``refused``.
         """
-        subquery, params = self.filter(status=Job.Status.FAILED).order_by().values("id").query.sql_with_params()
-        statement = dependencies.RETRY.format(candidates=f"WHERE q.id IN ({subquery})")
-        # Only a concurrent enqueue or retry that took a key after this statement's
-        # snapshot can conflict; run again, and it sees that job as the holder.
-        for _ in range(3):
-            rows = _retry_rows(self.db, statement, params)
-            if rows is not None:
-                break
-        else:
-            # Keys keep being taken under us: one row at a time cannot loop.
-            ids = list(self.filter(status=Job.Status.FAILED).values_list("id", flat=True))
-            rows = [row for job_id in ids for row in _retry_one(self.db, job_id)]
-        result = RetryResult(
-            sum(1 for _, retried, _ in rows if retried),
-            {job_id: holder for job_id, retried, holder in rows if not retried},
-        )
-        if result:
-            # The insert trigger does not fire on UPDATE; notify so workers need not wait a poll.
-            with connections[self.db].cursor() as cursor:
-                cursor.execute(sql.WAKE)
-        return result
+        return changes.retry(self)
 
     def cancel(self) -> int:
         """Cancel queued and waiting jobs (and the descendants waiting on them) and ask running ones to stop.
 
-        Return how many of these jobs changed.
+        Return how many of these jobs changed. A job whose move into the history the
+        database refuses (a user's foreign key or trigger) is cancelled in place.
         """
-        subquery, params = (
-            self.filter(status__in=[Job.Status.QUEUED, Job.Status.WAITING])
-            .order_by()
-            .values("id")
-            .query.sql_with_params()
-        )
-        with transaction.atomic(using=self.db), connections[self.db].cursor() as cursor:
-            cursor.execute(
-                "UPDATE axa_queue SET status = 'cancelled', finished_at = now(), updated_at = now() "
-                f"WHERE id IN ({subquery}) AND status IN ('queued', 'waiting') RETURNING id, has_children",
-                params,
-            )
-            rows = cursor.fetchall()
-            dependencies.settle(cursor, [job_id for job_id, has_children in rows if has_children])
-        queued = len(rows)
-        # Flag running jobs and NOTIFY their workers in one statement; the worker's
-        # heartbeat relays the flag too, for workers that do not listen.
-        subquery, params = (
-            self.filter(status=Job.Status.RUNNING, cancel_requested=False)
-            .order_by()
-            .values("id")
-            .query.sql_with_params()
-        )
-        with connections[self.db].cursor() as cursor:
-            cursor.execute(
-                "WITH flagged AS (UPDATE axa_queue SET cancel_requested = true, updated_at = now() "
-                f"WHERE id IN ({subquery}) AND status = 'running' AND NOT cancel_requested RETURNING id) "
-                "SELECT pg_notify('axa_cancel', id::text) FROM flagged",
-                params,
-            )
-            running = len(cursor.fetchall())
-        return queued + running
+        return changes.cancel(self)
 
 
 class Undecodable(str):
@@ -219,8 +115,8 @@ class RowDateTimeField(models.DateTimeField):
 QUEUED = models.Q(status__gte="queued", status__lte="queued")
 
 
-class Job(models.Model):
-    """One job: a row of ``axa_queue``."""
+class Job(StaysPut):
+    """One job: a row of ``axa_queue`` (or of a history table, once it finished)."""
 
     class Status(models.TextChoices):
         WAITING = "waiting"

@@ -17,6 +17,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from .. import conf
+from ..sql import refused
 
 # Ready (and scheduled) rows counted per queue: beyond this the figure reads "at least CAP".
 CAP = 100_000
@@ -190,6 +191,9 @@ class Snapshot:
     claim_latency_seconds: float | None
     run_seconds: float | None
     unattributed_running: list[RunningJob] = field(default_factory=list)
+    # Finished jobs left in axa_queue because the database refused their move into the
+    # history (a user's foreign key or trigger; sql/refused.py).
+    history_refused: int = 0
 
     @property
     def live_workers(self) -> list[WorkerStats]:
@@ -293,6 +297,8 @@ def collect(using: str | None = None, queues: list[str] | None = None) -> Snapsh
             statuses["running"] = sum(q.running for q in by_queue.values())
             if not any(q.ready_capped or q.scheduled >= CAP for q in by_queue.values()):
                 statuses["queued"] = sum(q.ready + q.scheduled for q in by_queue.values())
+        cursor.execute(refused.COUNT)
+        history_refused = int(cursor.fetchone()[0])
         cursor.execute(CURRENT, {"limit": RUNNING_LISTED})
         by_worker = {w.id: w for w in workers}
         orphans = []
@@ -309,6 +315,7 @@ def collect(using: str | None = None, queues: list[str] | None = None) -> Snapsh
         claim_latency_seconds=waits[0] / waits[1] if waits[1] else None,
         run_seconds=waits[2] / waits[3] if waits[3] else None,
         unattributed_running=orphans,
+        history_refused=history_refused,
     )
 
 

@@ -87,6 +87,11 @@ class _Collector:
             beat.add_metric([w.id, w.hostname], w.heartbeat_age)
         yield beat
         yield GaugeMetricFamily(
+            "axa_jobs_history_refused",
+            "Finished jobs kept in axa_queue because the database refused their move into the history",
+            value=s.history_refused,
+        )
+        yield GaugeMetricFamily(
             "axa_claim_latency_seconds",
             "Mean wait from run_at to the claim of the jobs that finished in the last minute",
             value=s.claim_latency_seconds or 0.0,

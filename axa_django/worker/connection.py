@@ -12,6 +12,7 @@ from django.db import connections
 
 from .. import conf, sql
 from ..exceptions import CannotConnect
+from ..sql import refused
 from . import dberrors
 from .control import Control
 from .ledger import Ledger
@@ -165,7 +166,14 @@ class DispatcherConnection:
         self.control.aborting.wait(0.2)
 
     def execute(
-        self, query: str, params: dict[str, Any], *, bounded: bool = False, binary: bool = False
+        self,
+        query: str,
+        params: dict[str, Any],
+        *,
+        bounded: bool = False,
+        binary: bool = False,
+        in_place: bool = False,
+        refusable: bool = False,
     ) -> list[tuple[Any, ...]] | None:
         """Run one dispatcher statement; on failure log, back off, return None.
 
@@ -174,6 +182,8 @@ class DispatcherConnection:
         for less (a claimed row's columns: 0.96 against 0.60 us, measured). A
         connection failure reconnects; any other database error is logged, and if
         the dispatcher's statements keep failing for a lease the worker stops (exit 1).
+        ``in_place`` and ``refusable``: as the watchman's statements need them
+        (heartbeat.Heartbeat._run says how); a refusal raised is not counted as failing.
         """
         try:
             if self._conn is None or self._conn.closed:
@@ -186,6 +196,8 @@ class DispatcherConnection:
                 cursor = stack.enter_context(self._conn.cursor())
                 if bounded:
                     cursor.execute(sql.TIMEOUTS, {"statement": STATEMENT_TIMEOUT, "lock": LOCK_TIMEOUT})
+                if in_place:
+                    cursor.execute(refused.IN_PLACE)
                 cursor.execute(query, params, binary=binary)
                 rows = cursor.fetchall() if cursor.description else []
         except (psycopg.OperationalError, psycopg.InterfaceError) as error:
@@ -197,6 +209,8 @@ class DispatcherConnection:
             self.control.aborting.wait(0.2)
             return None
         except psycopg.Error as error:
+            if refusable:
+                raise refused.Refused(error) from error
             now = time.monotonic()
             self._failing_since = self._failing_since or now
             logger.error("dispatcher statement failed (%s: %s); trying again shortly", type(error).__name__, error)
@@ -208,6 +222,8 @@ class DispatcherConnection:
         self._failing_since = None
         return rows
 
-    def bounded(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]] | None:
+    def bounded(
+        self, query: str, params: dict[str, Any], *, in_place: bool = False, refusable: bool = False
+    ) -> list[tuple[Any, ...]] | None:
         """``execute`` under the housekeeping timeouts."""
-        return self.execute(query, params, bounded=True)
+        return self.execute(query, params, bounded=True, in_place=in_place, refusable=refusable)

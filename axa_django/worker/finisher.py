@@ -14,7 +14,8 @@ import psycopg
 
 from .. import sql
 from ..exceptions import UnstorableOutcome, stored_type
-from ..execution import Outcome, finish, storable
+from ..execution import Outcome, finish, finish_in_place, storable
+from ..sql import refused
 from .connection import COALESCE, RECONNECT_MAX, close, connect
 from .control import Control
 from .ledger import UNWRITTEN_MOST, Ledger
@@ -127,8 +128,7 @@ class Finisher:
                             conn, ids = self.write(conn, [outcome])
                             unwritten |= ids
                         return conn, unwritten
-                    with conn.cursor() as cursor:
-                        return conn, finish(cursor, [unstorable(batch[0], error)], self.worker_id)
+                    return conn, self._alone(conn, batch[0], error)
             except (psycopg.OperationalError, psycopg.InterfaceError) as error:
                 if self.control.aborting.is_set():
                     return conn, {outcome.id for outcome in batch}
@@ -137,6 +137,48 @@ class Finisher:
                 conn = None
                 self.control.aborting.wait(delay)
                 delay = min(delay * 2, RECONNECT_MAX)
+
+    def _alone(self, conn: psycopg.Connection[Any], outcome: Outcome, error: psycopg.Error) -> set[uuid.UUID]:
+        """Write one outcome the database refused: stripped to what can be stored, then in place
+        (its move into the history refused: a user's foreign key or trigger); the ids not written.
+
+        Never raises for the row: a row that cannot be written at all is logged and left
+        running under this worker, which the rescue gives back once the worker stops.
+        """
+        why = refused.reason(error)
+        attempts = (
+            lambda cursor: finish(cursor, [unstorable(outcome, error)], self.worker_id),
+            lambda cursor: set() if finish_in_place(cursor, outcome, self.worker_id, why) else {outcome.id},
+            lambda cursor: (
+                set() if finish_in_place(cursor, unstorable(outcome, error), self.worker_id, why) else {outcome.id}
+            ),
+        )
+        for attempt in attempts:
+            try:
+                with conn.cursor() as cursor:
+                    unwritten = attempt(cursor)
+            except (psycopg.OperationalError, psycopg.InterfaceError):
+                raise
+            except psycopg.Error as again:
+                why = refused.reason(again)
+                continue
+            if attempt is not attempts[0]:
+                logger.error(
+                    "the outcome of job %s %s could not move into the history (%s); it was written in place, "
+                    "in axa_queue",
+                    outcome.name,
+                    outcome.id,
+                    why,
+                )
+            return unwritten
+        logger.error(
+            "the outcome of job %s %s could not be written (%s); the job stays running until this worker stops, "
+            "then runs again",
+            outcome.name,
+            outcome.id,
+            why,
+        )
+        return {outcome.id}
 
     def _wake_limited(self, conn: psycopg.Connection[Any] | None, batch: list[Outcome]) -> bool:
         """Rows with a concurrency limit finished: their slots are free, so wake idle workers (every host).

@@ -18,6 +18,7 @@ import psycopg
 
 from .. import sql
 from ..ops import health
+from ..sql import refused
 from .connection import close, connect
 from .control import Control
 from .ledger import Ledger
@@ -135,18 +136,33 @@ class Heartbeat:
         cursor.execute(sql.REGISTER, self.options.registration(self.worker_id))
 
     def _run(
-        self, conn: psycopg.Connection[Any], until: float, query: str, params: dict[str, Any]
+        self,
+        conn: psycopg.Connection[Any],
+        until: float,
+        query: str,
+        params: dict[str, Any],
+        *,
+        in_place: bool = False,
+        refusable: bool = False,
     ) -> list[tuple[Any, ...]] | None:
-        """Run one of the watchman's statements in a transaction of its own, before ``until``; None if it did not."""
+        """Run one of the watchman's statements in a transaction of its own, before ``until``; None if it did not.
+
+        ``in_place``: rows it finishes stay in axa_queue; ``refusable``: a refusal for a
+        row's sake is raised as ``Refused`` (the watchman then writes row by row).
+        """
         left = _left(until)
         if conn.closed or left is None:
             return None
         try:
             with conn.transaction(), conn.cursor() as cursor:
                 cursor.execute(sql.TIMEOUTS, {"statement": left, "lock": left})
+                if in_place:
+                    cursor.execute(refused.IN_PLACE)
                 cursor.execute(query, params)
                 return cursor.fetchall() if cursor.description else []
         except psycopg.Error as error:
+            if refusable and not isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
+                raise refused.Refused(error) from error
             logger.warning("housekeeping on the heartbeat's connection failed (%s); trying again later", error)
             return None
 

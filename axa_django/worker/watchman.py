@@ -10,18 +10,26 @@ gone before its first beat, runs them on the dispatcher between claims.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 from .. import conf, dependencies, sql, unhandled
+from ..sql import refused
 from .options import Options
 
 logger = logging.getLogger("axa_django")
 
 # Runs one statement under housekeeping timeouts; its rows, or None if it failed (logged).
-Run = Callable[[str, dict[str, Any]], list[tuple[Any, ...]] | None]
+# Keywords: in_place (rows it finishes stay in axa_queue), refusable (a refusal for a
+# row's sake raises refused.Refused instead of returning None).
+Run = Callable[..., list[tuple[Any, ...]] | None]
+
+
+class _Cut(Exception):
+    """A statement of the row-by-row rescue did not run (timeout, lost connection): the rest waits a round."""
 
 
 class Watchman:
@@ -37,7 +45,7 @@ class Watchman:
         """Queue again the rows of workers whose lease ran out (and fail rows that can never run)."""
         options = self.options
         params = {"lease": options.lease, "stale": options.stale_minutes, "max_losses": int(conf.get("MAX_LOSSES"))}
-        rows = run(sql.RESCUE, params)
+        rows = self._isolated(run, sql.RESCUE, refused.RESCUE_LOST, refused.RESCUE_ONE, params, "rescue of job")
         if rows:
             failed = sum(1 for _, status in rows if status == "failed")
             logger.warning(
@@ -45,10 +53,48 @@ class Watchman:
                 len(rows) - failed,
                 f"; {failed} more had lost their worker max_losses times and failed" if failed else "",
             )
-        rows = run(sql.FAIL_NEVER_DUE, {})
+        rows = self._isolated(
+            run, sql.FAIL_NEVER_DUE, refused.NEVER_DUE_IDS, refused.FAIL_NEVER_DUE_ONE, {}, "never-due job"
+        )
         if rows:
             logger.warning("failed %d job(s) whose run_at was 'infinity' or after year 9999", len(rows))
-        run(dependencies.SWEEP, {})  # children of parents ended outside a finisher
+        # Children of parents ended outside a finisher; a child whose move is refused is cancelled in place.
+        try:
+            run(dependencies.SWEEP, {}, refusable=True)
+        except refused.Refused as error:
+            logger.error("settling workflow children was refused (%s); settling them in place, in axa_queue", error)
+            run(dependencies.SWEEP, {}, in_place=True)
+
+    @staticmethod
+    def _isolated(
+        run: Run, statement: str, candidates: str, one: str, params: dict[str, Any], what: str
+    ) -> list[tuple[Any, ...]] | None:
+        """Run ``statement``; if the database refuses it for one row's sake, write its rows one at a time.
+
+        One row a user's foreign key or trigger refuses then fails alone, finished in place
+        if it must (sql/refused.py); before, it failed the whole rescue for every dead
+        worker's job, at every round.
+        """
+        try:
+            return run(statement, params, refusable=True)
+        except refused.Refused as error:
+            logger.error("the %s statement was refused (%s); writing its rows one at a time", what, error)
+        ids = run(candidates, params)
+        if not ids:
+            return None
+        rows: list[tuple[Any, ...]] = []
+
+        def write(job_id: Any, why: str | None) -> None:
+            extra = {"id": job_id, "refused": None if why is None else refused.note(why)}
+            extra["refused_type"] = refused.REFUSED_TYPE
+            written = run(one, {**params, **extra}, in_place=why is not None, refusable=True)
+            if written is None:
+                raise _Cut
+            rows.extend(written)
+
+        with contextlib.suppress(_Cut):  # the rest at the next round
+            refused.each([row[0] for row in ids], write, lambda e: isinstance(e, refused.Refused), what)
+        return rows
 
     def watch(self, run: Run) -> None:
         """Run what is due."""

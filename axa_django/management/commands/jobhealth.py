@@ -70,5 +70,12 @@ class Command(BaseCommand):
                     f"healthy: {len(s.live_workers)} live worker(s), {ready:,} ready job(s), "
                     f"oldest ready {oldest:,.1f}s"
                 )
+            if report.snapshot is not None and report.snapshot.history_refused:
+                # Not a reason to restart anything: the jobs ran; a user's constraint wants fixing.
+                self.stdout.write(
+                    f"note: {report.snapshot.history_refused:,} finished job(s) kept in axa_queue: the database "
+                    "refused their move into the history (a foreign key to Job with a database constraint?); "
+                    "see docs/jobs.md, 'Pointing at a job'"
+                )
         if not report.healthy:
             sys.exit(1)

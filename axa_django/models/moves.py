@@ -1,0 +1,263 @@
+"""One id, one row: the ORM's reads and writes by id follow a job's row wherever it moved.
+
+A job's row moves twice in its life: into ``axa_history`` when it finishes, and back
+into ``axa_queue`` when it is retried (both tables are read as ``axa_queue``, the
+history inheriting it). Under READ COMMITTED, a locking statement that waits on the
+mover's lock then finds the row deleted and cannot see its new copy, which committed
+after the statement began: an UPDATE touches nothing, ``select_for_update().get()``
+raises DoesNotExist, and Django's ``save()``, finding nothing to update, inserted the
+stale row back (two rows with one id). Here every write by id runs again, as a new
+statement with a fresh snapshot, when it found fewer rows than it named; ``save()``
+writes only the fields the caller changed since the row was read, and never inserts
+a row whose id is taken.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+from django.apps import apps
+from django.core import checks
+from django.core.exceptions import ValidationError
+from django.db import DatabaseError, IntegrityError, models, router, transaction
+from django.db.models.expressions import Col
+from django.db.models.lookups import Exact, In
+from django.db.models.sql.where import AND
+
+# Statements a write by id runs at most: each retry waits for the mover's lock, then sees
+# where the row went. A row retried and finished again meanwhile moves twice.
+TRIES = 3
+
+# Fields whose values are mutable (JSON): their value at load is kept as a copy.
+_MUTABLE = (dict, list)
+
+
+class JobGone(DatabaseError):
+    """``save()`` found no row for this job: it was deleted, pruned or dropped by RETENTION. Nothing was written."""
+
+
+def pk_targets(query: Any) -> set[Any] | None:
+    """The ids a query names as ``pk=`` / ``pk__in=`` at its top level; None if it selects otherwise."""
+    where = query.where
+    if where.connector != AND or where.negated:
+        return None
+    pk = query.model._meta.pk
+    for child in where.children:
+        if not isinstance(child, Exact | In) or not isinstance(child.lhs, Col) or child.lhs.target != pk:
+            continue
+        values = child.rhs if isinstance(child, In) else [child.rhs]
+        if not isinstance(values, Iterable) or isinstance(values, str | bytes):
+            continue
+        try:
+            return {pk.to_python(value) for value in values}
+        except (TypeError, ValidationError):
+            return None  # an expression or a subquery: not a plain list of ids
+    return None
+
+
+def _expected(query: Any, targets: set[Any]) -> int:
+    """Rows a query by these ids should find at most (a slice may cap it, as ``get()`` does)."""
+    if query.high_mark is None:
+        return len(targets)
+    return min(len(targets), query.high_mark - query.low_mark)
+
+
+M = TypeVar("M", bound=models.Model)
+
+
+class MovingQuerySet(models.QuerySet[M]):
+    """A queryset whose locking reads and writes by id find a row that moved during the statement."""
+
+    def _fetch_all(self) -> None:
+        if self._result_cache is None and self.query.select_for_update:
+            targets = pk_targets(self.query)
+            if targets:
+                rows = list(self._iterable_class(self))
+                for _ in range(TRIES - 1):
+                    if len(rows) >= _expected(self.query, targets):
+                        break
+                    # Rows locked by the first statement stay locked; a fresh snapshot sees where the others went.
+                    again = list(self._iterable_class(self))
+                    if len(again) <= len(rows):
+                        break
+                    rows = again
+                self._result_cache = rows
+        super()._fetch_all()
+
+    def _lock_targets(self) -> None:
+        """Lock the rows this queryset names by id, where they are now (call inside a transaction)."""
+        list(self.order_by().select_for_update(of=("self",)).values_list("pk", flat=True))
+
+    def update(self, **kwargs: Any) -> int:
+        """Update the rows; rows named by id are found even while they move (locked first, then written)."""
+        if not pk_targets(self.query):
+            return super().update(**kwargs)
+        with transaction.atomic(using=self.db, savepoint=False):
+            self._lock_targets()
+            return super().update(**kwargs)
+
+    update.alters_data = True  # type: ignore[attr-defined]
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        """Delete the rows; rows named by id are found even while they move (locked first, then deleted)."""
+        if not pk_targets(self.query) or self.query.is_sliced or self.query.distinct or self.query.distinct_fields:
+            return super().delete()  # Django refuses these itself, with its own message
+        with transaction.atomic(using=self.db, savepoint=False):
+            self._lock_targets()
+            return super().delete()
+
+    delete.alters_data = True  # type: ignore[attr-defined]
+    delete.queryset_only = True  # type: ignore[attr-defined]
+
+    def bulk_create(self, objs: Iterable[Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """Insert new rows; an id already in use anywhere (the history included) is refused, or skipped
+        with ``ignore_conflicts`` (the table's own key sees only ``axa_queue``, not the history)."""
+        objs = list(objs)
+        ids = [obj.pk for obj in objs if obj.pk is not None]
+        taken = set(self.model._base_manager.using(self.db).filter(pk__in=ids).values_list("pk", flat=True))
+        if taken:
+            if kwargs.get("ignore_conflicts"):
+                objs = [obj for obj in objs if obj.pk not in taken]
+            else:
+                raise IntegrityError(_taken_message(sorted(taken, key=str)[0]))
+        return super().bulk_create(objs, *args, **kwargs)
+
+
+def _taken_message(job_id: Any) -> str:
+    return (
+        f"job {job_id} exists already (in axa_queue or the history): a job's id is never written twice; "
+        "load the job to change it, or enqueue a new one"
+    )
+
+
+def _snapshot(values: dict[str, Any], names: Iterable[str]) -> dict[str, Any]:
+    loaded = {}
+    for name in names:
+        value = values[name]
+        loaded[name] = copy.deepcopy(value) if isinstance(value, _MUTABLE) else value
+    return loaded
+
+
+def mark_loaded(job: Any) -> None:
+    """Take ``job``'s present values as those of its row, so ``save()`` writes only what changes after."""
+    names = [field.attname for field in job._meta.concrete_fields if field.attname in job.__dict__]
+    job._loaded = _snapshot(job.__dict__, names)
+
+
+class StaysPut(models.Model):
+    """Save, delete and refresh by id, following the row wherever it moved; ``save()`` never inserts a row twice."""
+
+    _loaded: dict[str, Any]
+
+    class Meta:
+        abstract = True
+
+    @classmethod
+    def from_db(cls, db: str | None, field_names: Any, values: Any) -> Any:
+        instance = super().from_db(db, field_names, values)
+        instance._loaded = _snapshot(instance.__dict__, field_names)
+        return instance
+
+    def changed_fields(self) -> list[str]:
+        """The fields assigned a new value (or changed in place) since the row was read."""
+        loaded = self.__dict__.get("_loaded")
+        changed = []
+        for field in self._meta.concrete_fields:
+            if field.primary_key or field.attname not in self.__dict__:
+                continue
+            if loaded is None or field.attname not in loaded:
+                changed.append(field.name)
+                continue
+            now, then = self.__dict__[field.attname], loaded[field.attname]
+            if now is not then and (type(now) is not type(then) or now != then):
+                changed.append(field.name)
+        return changed
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Insert a new job, or write the fields changed since the row was read, wherever the row is now.
+
+        Nothing changed, nothing is written. A job whose row is gone raises ``JobGone``:
+        it is never inserted again (the stale copy would run the job twice).
+        """
+        if not self._state.adding and not kwargs.get("force_insert") and kwargs.get("update_fields") is None:
+            changed = self.changed_fields()
+            if not changed:
+                return
+            kwargs["update_fields"] = changed
+        super().save(*args, **kwargs)
+        mark_loaded(self)
+
+    save.alters_data = True  # type: ignore[attr-defined]
+
+    def _do_update(self, base_qs: Any, using: Any, pk_val: Any, values: Any, *args: Any, **kwargs: Any) -> Any:
+        for _ in range(TRIES):
+            updated = super()._do_update(base_qs, using, pk_val, values, *args, **kwargs)  # type: ignore[misc]
+            if updated or not values:
+                return updated
+        raise JobGone(
+            f"job {pk_val} was not saved: its row no longer exists (deleted, pruned, or dropped with the history "
+            "by RETENTION); nothing was written. A job is never inserted again by save(): enqueue a new one"
+        )
+
+    def _do_insert(self, manager: Any, using: Any, *args: Any, **kwargs: Any) -> Any:
+        # The primary key is axa_queue's own: a history row of this id would not stop the INSERT.
+        if self.pk is not None and type(self)._base_manager.using(using).filter(pk=self.pk).exists():
+            raise IntegrityError(_taken_message(self.pk))
+        return super()._do_insert(manager, using, *args, **kwargs)  # type: ignore[misc]
+
+    def delete(self, using: Any = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
+        """Delete this job's row, wherever it is now (locked first: a row moving meanwhile is waited for)."""
+        using = using or router.db_for_write(self.__class__, instance=self)
+        with transaction.atomic(using=using, savepoint=False):
+            list(
+                type(self)
+                ._base_manager.using(using)
+                .filter(pk=self.pk)
+                .select_for_update(of=("self",))
+                .values_list("pk", flat=True)
+            )
+            return super().delete(using=using, keep_parents=keep_parents)
+
+    delete.alters_data = True  # type: ignore[attr-defined]
+
+    def refresh_from_db(self, using: Any = None, fields: Any = None, **kwargs: Any) -> None:
+        super().refresh_from_db(using=using, fields=fields, **kwargs)
+        names = {field.attname for field in self._meta.concrete_fields if field.attname in self.__dict__}
+        if fields is not None:
+            wanted = set()
+            for name in fields:
+                field = self._meta.get_field(name)
+                wanted.add(getattr(field, "attname", name))
+            names &= wanted
+        loaded = self.__dict__.setdefault("_loaded", {})
+        loaded.update(_snapshot(self.__dict__, names))
+
+
+@checks.register(checks.Tags.models)
+def check_references(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Refuse (E008) a relation to Job backed by a database constraint: a job's row moves, and the
+    constraint refuses the move (the worker's finish, a cancel, the rescue) or points at nothing."""
+    found: list[checks.CheckMessage] = []
+    for model in apps.get_models():
+        for field in [*model._meta.local_fields, *model._meta.local_many_to_many]:
+            target = getattr(field.remote_field, "model", None)
+            if not isinstance(target, type) or getattr(target._meta, "db_table", None) != "axa_queue":
+                continue
+            if model._meta.db_table == "axa_queue" or not getattr(field, "db_constraint", False):
+                continue
+            found.append(
+                checks.Error(
+                    f"{model._meta.label}.{field.name} points at a job with a database constraint: a job's row "
+                    "moves into the history when it finishes (and out when retried), which that constraint "
+                    "refuses, and RETENTION drops the history's rows without asking it",
+                    hint=(
+                        "declare it with db_constraint=False (then a reference can outlive its job: "
+                        "read it as the _id value, or catch Job.DoesNotExist); see docs/jobs.md, 'Pointing at a job'"
+                    ),
+                    obj=field,
+                    id="axa_django.E008",
+                )
+            )
+    return found
