@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",  # the live server serves the admin's CSS to the browser test
     "axa_django",
     "tests.testapp",
+    "tests.refapp",  # a user's models pointing at jobs (tests/test_references.py)
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

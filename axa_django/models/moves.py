@@ -239,13 +239,20 @@ class StaysPut(models.Model):
 def check_references(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Refuse (E008) a relation to Job backed by a database constraint: a job's row moves, and the
     constraint refuses the move (the worker's finish, a cancel, the rescue) or points at nothing."""
+    return reference_problems(apps.get_models())
+
+
+def reference_problems(models: Iterable[Any]) -> list[checks.CheckMessage]:
+    """E008 for each relation of ``models`` to Job that a database constraint backs."""
     found: list[checks.CheckMessage] = []
-    for model in apps.get_models():
+    for model in models:
         for field in [*model._meta.local_fields, *model._meta.local_many_to_many]:
             target = getattr(field.remote_field, "model", None)
             if not isinstance(target, type) or getattr(target._meta, "db_table", None) != "axa_queue":
                 continue
-            if model._meta.db_table == "axa_queue" or not getattr(field, "db_constraint", False):
+            # A ForeignKey holds db_constraint itself; a ManyToManyField on its remote_field.
+            constrained = getattr(field, "db_constraint", getattr(field.remote_field, "db_constraint", False))
+            if model._meta.db_table == "axa_queue" or not constrained:
                 continue
             found.append(
                 checks.Error(

@@ -32,7 +32,7 @@ IN_PLACE = "SELECT set_config('axa.in_place', 'on', true)"
 NOTE = """
 UPDATE ONLY axa_queue
 SET errors = errors || jsonb_build_array(jsonb_build_object(
-        'attempt', attempts, 'at', now(), 'worker', worker_id, 'type', %(type)s, 'message', %(message)s,
+        'attempt', attempts, 'at', now(), 'worker', worker_id, 'type', %(type)s::text, 'message', %(message)s::text,
         'traceback', '')),
     updated_at = now()
 WHERE id = %(id)s AND status IN ('completed', 'failed', 'cancelled')
