@@ -98,6 +98,7 @@ ELSEWHERE: dict[tuple[str, str], str] = {
     ("docs/testing.md", "# shop/tests.py"): "tests/test_testing_helpers_testcase.py collects its tests",
     ("docs/deployment.md", "LOGGING = {"): "the LOGGING of tests/docs_settings.py, the README test's worker",
     ("docs/jobs.md", "from django.db import transaction"): "tests/test_exactly_once.py runs it on a real table",
+    ("docs/jobs.md", "# shop/models.py"): "tests/test_references.py runs this pattern (tests/refapp/models.py)",
     ("docs/development.md", "axa_django/"): "tests/test_house_imports.py checks the tree against the package",
 }
 # Pages with a test below; any other page's blocks must all be in SHAPE_ONLY or ELSEWHERE.
