@@ -15,6 +15,8 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from django.db import transaction
+
 from .pruning import DELETE_LINKS
 
 # A rename or a drop queues behind the statements using the table and holds new ones
@@ -84,7 +86,16 @@ def close(cursor: Any, period: datetime.timedelta) -> int | None:
 
 
 def drop(cursor: Any, retention: datetime.timedelta) -> int | None:
-    """Drop the oldest closed table whose close is older than ``retention``; return its number."""
+    """Drop the oldest closed table whose close is older than ``retention``; return its number.
+
+    One transaction (a savepoint inside the caller's): the table is locked, its linked
+    rows read, the table dropped and their edges deleted, all or nothing.
+    """
+    with transaction.atomic(using=cursor.db.alias):
+        return _drop(cursor, retention)
+
+
+def _drop(cursor: Any, retention: datetime.timedelta) -> int | None:
     if not _locked(cursor):
         return None
     cursor.execute(
