@@ -471,11 +471,11 @@ def test_the_rescue_runs_after_a_beat_not_between_claims_except_in_a_burst(burst
     # for 0.1-0.9 s: on the dispatcher, no claim could run meanwhile.
     worker = Worker(burst=burst, install_signals=False, concurrency=1)
     on_dispatcher: list[str] = []
-    worker.db.bounded = lambda query, params: on_dispatcher.append(query) or []  # type: ignore[method-assign]
+    worker.db.bounded = lambda query, params, **_: on_dispatcher.append(query) or []  # type: ignore[method-assign]
     worker.dispatcher.housekeep()
     assert (sql.RESCUE in on_dispatcher) is burst
     after_beat: list[str] = []
     if not burst:
-        worker.heartbeat.watchman.watch(lambda query, params: after_beat.append(query) or [])
+        worker.heartbeat.watchman.watch(lambda query, params, **_: after_beat.append(query) or [])
     assert (sql.RESCUE in after_beat) is not burst
     assert (worker.heartbeat.watchman is None) is burst

@@ -87,12 +87,20 @@ class MovingQuerySet(models.QuerySet[M]):
         super()._fetch_all()
 
     def _lock_targets(self) -> None:
-        """Lock the rows this queryset names by id, where they are now (call inside a transaction)."""
-        list(self.order_by().select_for_update(of=("self",)).values_list("pk", flat=True))
+        """Lock the rows this queryset names by id, where they are now (call inside a transaction).
+
+        In id order, as the finisher and the claims lock rows: two such writes never deadlock.
+        """
+        list(self.order_by("pk").select_for_update(of=("self",)).values_list("pk", flat=True))
+
+    def _by_id(self) -> bool:
+        """Whether this queryset names its rows by id, in a shape a locking read can take first."""
+        query = self.query
+        return bool(pk_targets(query)) and not (query.is_sliced or query.distinct or query.combinator)
 
     def update(self, **kwargs: Any) -> int:
         """Update the rows; rows named by id are found even while they move (locked first, then written)."""
-        if not pk_targets(self.query):
+        if not self._by_id():
             return super().update(**kwargs)
         with transaction.atomic(using=self.db, savepoint=False):
             self._lock_targets()
@@ -102,8 +110,8 @@ class MovingQuerySet(models.QuerySet[M]):
 
     def delete(self) -> tuple[int, dict[str, int]]:
         """Delete the rows; rows named by id are found even while they move (locked first, then deleted)."""
-        if not pk_targets(self.query) or self.query.is_sliced or self.query.distinct or self.query.distinct_fields:
-            return super().delete()  # Django refuses these itself, with its own message
+        if not self._by_id() or self.query.distinct_fields:
+            return super().delete()  # as Django does (it refuses slices and distinct itself)
         with transaction.atomic(using=self.db, savepoint=False):
             self._lock_targets()
             return super().delete()
@@ -260,8 +268,8 @@ def reference_problems(models: Iterable[Any]) -> list[checks.CheckMessage]:
                     "moves into the history when it finishes (and out when retried), which that constraint "
                     "refuses, and RETENTION drops the history's rows without asking it",
                     hint=(
-                        "declare it with db_constraint=False (then a reference can outlive its job: "
-                        "read it as the _id value, or catch Job.DoesNotExist); see docs/jobs.md, 'Pointing at a job'"
+                        "declare it with db_constraint=False; then a reference can outlive its job (RETENTION): "
+                        "read it as the _id value, or catch Job.DoesNotExist"
                     ),
                     obj=field,
                     id="axa_django.E008",

@@ -102,7 +102,7 @@ def note(why: str) -> str:
     return (
         f"the database refused to move this finished job into the history ({why}), so it was finished in place, "
         "in axa_queue; a foreign key to axa_queue with a database constraint does this: declare it with "
-        "db_constraint=False (docs/jobs.md, 'Pointing at a job')"
+        "db_constraint=False"
     )
 
 

@@ -74,8 +74,8 @@ class Command(BaseCommand):
                 # Not a reason to restart anything: the jobs ran; a user's constraint wants fixing.
                 self.stdout.write(
                     f"note: {report.snapshot.history_refused:,} finished job(s) kept in axa_queue: the database "
-                    "refused their move into the history (a foreign key to Job with a database constraint?); "
-                    "see docs/jobs.md, 'Pointing at a job'"
+                    "refused their move into the history (a foreign key to Job with a database constraint? "
+                    "declare it with db_constraint=False); their errors say why"
                 )
         if not report.healthy:
             sys.exit(1)
