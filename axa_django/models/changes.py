@@ -32,14 +32,22 @@ FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace
 WHERE c.contype = 'f' AND c.confrelid = 'axa_queue'::regclass AND c.condeferrable
 """
 
-CANCEL_QUEUED = """
-UPDATE axa_queue SET status = 'cancelled', finished_at = now(), updated_at = now()
-WHERE id IN ({subquery}) AND status IN ('queued', 'waiting') RETURNING id, has_children
-"""
-CANCEL_RUNNING = """
-WITH flagged AS (UPDATE axa_queue SET cancel_requested = true, updated_at = now()
-WHERE id IN ({subquery}) AND status = 'running' AND NOT cancel_requested RETURNING id)
-SELECT pg_notify('axa_cancel', id::text) FROM flagged
+# Queued and waiting rows are cancelled, running ones flagged (their workers told), in one
+# statement: a row that a finish queues again, or a claim takes, while this waits on its
+# lock is judged as it is then. Two statements missed such a row twice (the cancel
+# returned 0 and the job ran again). The SET reads the row as it was before this update.
+CANCEL = """
+WITH changed AS (
+    UPDATE axa_queue
+    SET status = CASE WHEN status = 'running' THEN status ELSE 'cancelled' END,
+        cancel_requested = cancel_requested OR status = 'running',
+        finished_at = CASE WHEN status = 'running' THEN finished_at ELSE now() END,
+        updated_at = now()
+    WHERE id IN ({subquery}) AND (status IN ('queued', 'waiting') OR (status = 'running' AND NOT cancel_requested))
+    RETURNING id, status, has_children
+)
+SELECT id, status, has_children, CASE WHEN status = 'running' THEN pg_notify('axa_cancel', id::text) END
+FROM changed
 """
 
 
@@ -166,42 +174,40 @@ def retry(jobs: models.QuerySet[Any]) -> RetryResult:
     return result
 
 
-def _cancel_queued(using: str, subquery: str, params: Any, why: str | None = None) -> int:
+def _cancel(using: str, subquery: str, params: Any, why: str | None = None) -> int:
     with transaction.atomic(using=using), checked_now(using), connections[using].cursor() as cursor:
         if why is not None:
             cursor.execute(refused.IN_PLACE)
-        cursor.execute(CANCEL_QUEUED.format(subquery=subquery), params)
+        cursor.execute(CANCEL.format(subquery=subquery), params)
         rows = cursor.fetchall()
+        ended = [(job_id, children) for job_id, status, children, _ in rows if status == "cancelled"]
         if why is not None:
-            for job_id, _ in rows:
+            for job_id, _ in ended:
                 cursor.execute(refused.NOTE, {"id": job_id, "type": refused.REFUSED_TYPE, "message": refused.note(why)})
-        dependencies.settle(cursor, [job_id for job_id, has_children in rows if has_children])
+        dependencies.settle(
+            cursor, [job_id for job_id, status, children, _ in rows if children and status != "running"]
+        )
     return len(rows)
 
 
 def cancel(jobs: models.QuerySet[Any]) -> int:
-    """Cancel the queued and waiting jobs of ``jobs``, flag the running ones (JobQuerySet.cancel says how)."""
-    live = jobs.filter(status__in=["queued", "waiting"])
+    """Cancel the queued and waiting jobs of ``jobs``, flag the running ones (JobQuerySet.cancel says how).
+
+    A running job's worker is told by NOTIFY; its heartbeat relays the flag too, for
+    workers that do not listen.
+    """
+    live = jobs.filter(status__in=["queued", "waiting", "running"])
     subquery, params = live.order_by().values("id").query.sql_with_params()
     try:
-        queued = _cancel_queued(jobs.db, subquery, params)
+        return _cancel(jobs.db, subquery, params)
     except DatabaseError as error:
         if not refused.refusal(error):
             raise
         logger.error("cancel was refused (%s); cancelling the jobs one at a time", refused.reason(error))
-        done: list[int] = []
+    done: list[int] = []
 
-        def write(job_id: uuid.UUID, why: str | None) -> None:
-            done.append(_cancel_queued(jobs.db, "%s", [job_id], why))
+    def write(job_id: uuid.UUID, why: str | None) -> None:
+        done.append(_cancel(jobs.db, "%s", [job_id], why))
 
-        refused.each(list(live.values_list("id", flat=True)), write, refused.refusal, "cancel of job")
-        queued = sum(done)
-    # Flag running jobs and NOTIFY their workers in one statement; the worker's
-    # heartbeat relays the flag too, for workers that do not listen.
-    subquery, params = (
-        jobs.filter(status="running", cancel_requested=False).order_by().values("id").query.sql_with_params()
-    )
-    with connections[jobs.db].cursor() as cursor:
-        cursor.execute(CANCEL_RUNNING.format(subquery=subquery), params)
-        running = len(cursor.fetchall())
-    return queued + running
+    refused.each(list(live.values_list("id", flat=True)), write, refused.refusal, "cancel of job")
+    return sum(done)

@@ -163,8 +163,9 @@ class StaysPut(models.Model):
         abstract = True
 
     @classmethod
-    def from_db(cls, db: str | None, field_names: Any, values: Any) -> Any:
-        instance = super().from_db(db, field_names, values)
+    def from_db(cls, db: str | None, field_names: Any, values: Any, **kwargs: Any) -> Any:
+        # kwargs: Django 6.1's fetch_mode.
+        instance = super().from_db(db, field_names, values, **kwargs)
         instance._loaded = _snapshot(instance.__dict__, field_names)
         return instance
 
