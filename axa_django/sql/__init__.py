@@ -130,13 +130,13 @@ ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 # found by their ids (the worker's in flight), never through axa_queue_running by worker
 # id: under a held snapshot, that walk reads every row this worker ever ran, and a
 # heartbeat slowed past its timeout would have the worker taken for dead.
-HEARTBEAT = """
+HEARTBEAT = f"""
 WITH beat AS (UPDATE axa_worker SET heartbeat_at = now() WHERE id = %(worker)s RETURNING id)
 SELECT (SELECT count(*) FROM beat),
        ARRAY(SELECT id FROM ONLY axa_queue
              WHERE id = ANY(%(ids)s::uuid[]) AND worker_id IS NOT DISTINCT FROM %(worker)s
                AND status || '' = 'running' AND cancel_requested),
-       set_config('synchronous_commit', 'off', true)
+       {NO_FLUSH}
 """
 
 # Requeue jobs of dead workers (no heartbeat within the lease), and rows claimed
@@ -194,6 +194,32 @@ WHERE q.id = lost.id
 RETURNING q.id, q.status
 """
 
+# Rows running under this worker that it no longer holds: a crash or a failover lost what
+# the worker wrote of them (an outcome, a release; sent without waiting for the flush)
+# while their claim survived, and the rescue, which takes dead workers' rows, would leave
+# them running for ever. Queued again with their attempt given back: the outcome is gone,
+# so the job runs again (at least once). Rows changed in the last %(grace)s seconds are
+# left: a claim just made may not be in the worker's ledger yet. Through axa_queue_running
+# (its dead entries are read too): run after a reconnect and once a minute, not per beat.
+RECONCILE = """
+WITH stray AS (
+    SELECT id FROM ONLY axa_queue
+    WHERE worker_id = %(worker)s AND status = 'running' AND NOT (id = ANY(%(held)s::uuid[]))
+      AND updated_at < now() - make_interval(secs => %(grace)s)
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE ONLY axa_queue q
+SET status = 'queued', started_at = NULL, worker_id = NULL, run_at = now(), updated_at = now(),
+    attempts = GREATEST(q.attempts - 1, 0),
+    errors = q.errors || jsonb_build_array(jsonb_build_object(
+        'attempt', q.attempts, 'at', now(), 'worker', q.worker_id, 'type', 'OutcomeLost',
+        'message', 'the worker running this job no longer held it: the database lost what the worker wrote '
+            'of it (a crash or a failover); the job was queued again, no attempt used',
+        'traceback', ''))
+FROM stray WHERE q.id = stray.id
+RETURNING q.id
+"""
+
 # A queued row whose run_at is 'infinity', or after year 9999 (which Python cannot hold
 # either), can never become due: fail it, saying why, and give it a finite run_at so that
 # every reader of the row can load it.
@@ -229,7 +255,7 @@ WHERE id = ANY(%(ids)s::uuid[]) AND status || '' = 'running' AND worker_id IS NO
 # over, never waited for: a job completing itself in
 # its own transaction (COMPLETE_SELF) holds its row until that commits, and writes
 # started_at itself; the dispatcher must not stop claiming behind it.
-MARK_STARTED = """
+MARK_STARTED = f"""
 UPDATE ONLY axa_queue q SET started_at = to_timestamp(v.at)
 FROM unnest(%(ids)s::uuid[], %(at)s::float8[]) AS v(id, at)
 WHERE q.id = v.id AND q.id = ANY(ARRAY(
@@ -238,7 +264,7 @@ WHERE q.id = v.id AND q.id = ANY(ARRAY(
       AND l.started_at IS NULL
     FOR UPDATE SKIP LOCKED
 ))
-RETURNING set_config('synchronous_commit', 'off', true)
+RETURNING {NO_FLUSH}
 """
 
 # Give back rows claimed ahead that no thread started (a stopping worker): queued as

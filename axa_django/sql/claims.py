@@ -47,7 +47,17 @@ SET status = 'running', updated_at = now(),
 # InitPlan) for the statement's own transaction, the other read as seconds, which the
 # worker loads at about a tenth of the cost of a timestamptz (it turns them into a time
 # only for jobs with a timeout). Shared with the rated claim (flow.py) and FINISH.
-NO_FLUSH = "(SELECT set_config('synchronous_commit', 'off', true))"
+#
+# Off only where nothing waits for a standby: a crash then loses at most the last fraction
+# of a second of claims and outcomes, which the worker reconciles (a job run again, never
+# one lost: the watchman's RECONCILE). Under synchronous replication
+# (synchronous_standby_names set) the session's own setting stands, so an outcome the
+# worker acted on survives a failover to the standby.
+FLUSH = (
+    "CASE WHEN current_setting('synchronous_standby_names') = '' THEN 'off' "
+    "ELSE current_setting('synchronous_commit') END"
+)
+NO_FLUSH = f"(SELECT set_config('synchronous_commit', {FLUSH}, true))"
 CLAIM_TIME = "extract(epoch FROM now())::float8"
 # run_at as a UTC time without a zone: the worker only orders rows by it and keeps the
 # newest per lane (worker/lanes.py), and loads it at a fifth of a timestamptz's cost.

@@ -55,7 +55,7 @@ FOLD_LOCK = f"""
 SELECT pg_advisory_xact_lock({FOLD_NAMESPACE}, 0)
 FROM (SELECT FROM axa_flow_delta WHERE xid >= %(since)s::text::xid8 LIMIT 1) AS pending
 """
-FOLD = """
+FOLD = f"""
 WITH taken AS (
     DELETE FROM axa_flow_delta WHERE id = ANY(ARRAY(
         SELECT id FROM axa_flow_delta WHERE xid >= %(since)s::text::xid8 FOR UPDATE SKIP LOCKED))
@@ -65,7 +65,7 @@ WITH taken AS (
     SELECT name, key, sum(queued), sum(running) FROM taken GROUP BY name, key ORDER BY name, key
     ON CONFLICT (name, key) DO UPDATE SET queued = k.queued + EXCLUDED.queued, running = k.running + EXCLUDED.running
 )
-SELECT pg_snapshot_xmin(pg_current_snapshot())::text, set_config('synchronous_commit', 'off', true)
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text, {NO_FLUSH}
 """
 # Pairs down to nothing are left to housekeeping (once a minute; they are not in the
 # walk's index): dropped in the hot path, each job of a key of its own paid for a

@@ -86,6 +86,11 @@ FAIL_NEVER_DUE_ONE = FAIL_NEVER_DUE.replace(
 assert FAIL_NEVER_DUE_ONE.count("%(id)s") == 1, "FAIL_NEVER_DUE changed shape"
 assert "SELECT id FROM never" in NEVER_DUE_IDS, "FAIL_NEVER_DUE changed shape"
 
+# What the worker waits out and reconnects through, never a row's fault: a lost or refused
+# connection, a timeout, and a server that became read-only under it (a demoted primary,
+# a failover that reached a standby).
+OUTAGE = (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.ReadOnlySqlTransaction)
+
 K = TypeVar("K")
 
 
@@ -120,7 +125,7 @@ def refusal(error: BaseException) -> bool:
     if isinstance(error, Refused):
         return True
     cause = error if isinstance(error, psycopg.Error) else error.__cause__
-    return isinstance(cause, psycopg.Error) and not isinstance(cause, psycopg.OperationalError | psycopg.InterfaceError)
+    return isinstance(cause, psycopg.Error) and not isinstance(cause, OUTAGE)
 
 
 def each(

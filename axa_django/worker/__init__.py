@@ -115,7 +115,7 @@ class Worker:
         self.jobs = JobThreads(options, worker_id, control, ledger)
         self.watchdog = Watchdog(options, worker_id, control, ledger, self.jobs.replace)
         self.claimer = Claimer(options, worker_id, db, ledger, lanes, quiet, limited, self.watchdog)
-        self.watchman = watchman = Watchman(options)
+        self.watchman = watchman = Watchman(options, worker_id, ledger)
         self.dispatcher = Dispatcher(options, worker_id, control, ledger, db, self.claimer, limited, quiet, watchman)
         self.finisher = Finisher(options, worker_id, control, ledger, limited, self.listener, quiet)
         lookout = Lookout(options, lanes, options.housekeeping_interval)

@@ -63,7 +63,11 @@ def connect(using: str, purpose: str) -> psycopg.Connection[Any]:
         params.setdefault(key, value)  # the project's OPTIONS win
     params.setdefault("application_name", f"axa_django {purpose}")
     conn = psycopg.connect(autocommit=True, **params)
-    if params["prepare_threshold"] is not None:
+    global _opened
+    _opened += 1
+    if params["prepare_threshold"] is None:
+        read_only = conn.execute(f"SELECT {dberrors.READ_ONLY}").fetchone()
+    else:
         # With a large history PostgreSQL's choice between plans goes to custom plans,
         # re-planning the claim at every call for the same plan; ours are good generic.
         # A link cut between a statement and its COMMIT leaves the server holding the
@@ -80,14 +84,35 @@ def connect(using: str, purpose: str) -> psycopg.Connection[Any]:
         # ever runs (on PostgreSQL 15: the rescue 30-95 ms instead of 0.1, the look for
         # unhandled jobs 670-770 ms, each time, on the dispatcher).
         idle = max(100, round(float(conf.get("LEASE_SECONDS")) * 500))
-        conn.execute(
+        read_only = conn.execute(
             "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), "
             "set_config('idle_in_transaction_session_timeout', %s, false), "
             "set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false), "
-            "set_config('jit', 'off', false)",
+            f"set_config('jit', 'off', false), {dberrors.READ_ONLY}",
             [f"{idle}ms"],
+        ).fetchone()
+    if read_only is not None and read_only[-1]:
+        # A standby (no target_session_attrs=read-write, or the primary gone): every write,
+        # LISTEN included, would fail. Waited out like an outage, never a crash loop.
+        host = conn.info.host
+        port = conn.info.port
+        conn.close()
+        raise dberrors.ReadOnlyServer(
+            f"the server at {host}:{port} is read-only (a standby, or default_transaction_read_only is on); "
+            "waiting for a read-write one: with several hosts, add target_session_attrs=read-write to the "
+            "connection's OPTIONS so that a standby is skipped"
         )
     return conn
+
+
+# Connections opened by this process: a new one may reach a server that lost what this
+# worker wrote before (a crash, a failover), so the watchman reconciles after it.
+_opened = 0
+
+
+def opened() -> int:
+    """How many worker connections this process has opened."""
+    return _opened
 
 
 def close(conn: psycopg.Connection[Any] | None) -> None:
@@ -161,7 +186,7 @@ class DispatcherConnection:
     def failed(self, what: str, error: psycopg.Error) -> None:
         """A statement run on ``current()`` failed: log it, drop a broken connection, back off."""
         logger.warning("claiming %s failed (%s); trying again shortly", what, error)
-        if isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
+        if isinstance(error, refused.OUTAGE):
             self.close()
         self.control.aborting.wait(0.2)
 
@@ -200,7 +225,7 @@ class DispatcherConnection:
                     cursor.execute(refused.IN_PLACE)
                 cursor.execute(query, params, binary=binary)
                 rows = cursor.fetchall() if cursor.description else []
-        except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+        except refused.OUTAGE as error:
             if isinstance(error, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
                 logger.warning("dispatcher statement cut short (%s); trying again later", error)
                 return None

@@ -23,6 +23,19 @@ _REFUSED = re.compile(
 )
 
 
+class ReadOnlyServer(psycopg.OperationalError):
+    """The server reached takes no writes (a standby in recovery, or default_transaction_read_only on).
+
+    An OperationalError, so that every loop of the worker waits and reconnects through it
+    as through an outage: with a multi-host connection string, libpq's next try may reach
+    the primary; a standby may be promoted.
+    """
+
+
+# Whether a session can write: asked once per connection.
+READ_ONLY = "pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on'"
+
+
 def refused(error: psycopg.Error) -> bool:
     """Whether ``error`` says the server refused these credentials or this database (retrying cannot help)."""
     code = getattr(error, "sqlstate", None)

@@ -93,7 +93,7 @@ class Finisher:
                     named,
                     f" (and {more} more)" if more > 0 else "",
                 )
-            self.ledger.written(len(batch))
+            self.ledger.written([outcome.id for outcome in batch])
             # The dispatcher claims again only if the written outcomes can have changed what
             # it may claim: a retry queued again (at once, it sends no NOTIFY), a limited job's
             # slot freed; or it waits for them (a burst worker's end, a shutdown). Roused
@@ -119,7 +119,7 @@ class Finisher:
                 try:
                     with conn.cursor() as cursor:
                         return conn, finish(cursor, batch, self.worker_id)
-                except (psycopg.OperationalError, psycopg.InterfaceError):
+                except refused.OUTAGE:
                     raise
                 except psycopg.Error as error:
                     if len(batch) > 1:  # find the one the database refuses; write the others as they are
@@ -129,7 +129,7 @@ class Finisher:
                             unwritten |= ids
                         return conn, unwritten
                     return conn, self._alone(conn, batch[0], error)
-            except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+            except refused.OUTAGE as error:
                 if self.control.aborting.is_set():
                     return conn, {outcome.id for outcome in batch}
                 logger.warning("cannot write %d outcome(s) (%s); retrying in %.1fs", len(batch), error, delay)
@@ -157,7 +157,7 @@ class Finisher:
             try:
                 with conn.cursor() as cursor:
                     unwritten = attempt(cursor)
-            except (psycopg.OperationalError, psycopg.InterfaceError):
+            except refused.OUTAGE:
                 raise
             except psycopg.Error as again:
                 why = refused.reason(again)

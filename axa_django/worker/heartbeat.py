@@ -82,7 +82,7 @@ class Heartbeat:
                     alive, cancelled, _ = cursor.fetchone() or (1, [], None)
                     if not alive:
                         self.rejoin(cursor)
-            except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+            except refused.OUTAGE as error:
                 if not isinstance(error, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
                     close(conn)
                     conn = None
@@ -161,7 +161,7 @@ class Heartbeat:
                 cursor.execute(query, params)
                 return cursor.fetchall() if cursor.description else []
         except psycopg.Error as error:
-            if refusable and not isinstance(error, psycopg.OperationalError | psycopg.InterfaceError):
+            if refusable and not isinstance(error, refused.OUTAGE):
                 raise refused.Refused(error) from error
             logger.warning("housekeeping on the heartbeat's connection failed (%s); trying again later", error)
             return None

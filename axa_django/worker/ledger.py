@@ -44,6 +44,9 @@ class Ledger:
         self._written = threading.Condition(self._lock)  # notified as the finisher writes outcomes
         self._in_flight: dict[uuid.UUID, Claimed] = {}
         self._unwritten = 0
+        # Ids of the outcomes handed to the finisher and not yet written: the rows are still
+        # running under this worker, and the reconcile must leave them (watchman.py).
+        self._pending: Counter[uuid.UUID] = Counter()
         self._starts: dict[uuid.UUID, float] = {}  # claimed-ahead jobs started, started_at not yet written
         self._job_seconds: float | None = None  # moving average of a job's run time
         self._stuck: set[int | None] = set()  # job threads given up at their timeout
@@ -71,6 +74,11 @@ class Ledger:
         """Ids of every job held."""
         with self._lock:
             return list(self._in_flight)
+
+    def owned(self) -> list[uuid.UUID]:
+        """Ids of every job whose row this worker still owns: held, or its outcome not yet written."""
+        with self._lock:
+            return [*self._in_flight, *self._pending]
 
     def watched(self) -> list[Claimed]:
         """Jobs held that have a timeout."""
@@ -116,6 +124,7 @@ class Ledger:
                 kept = self._starts.pop(job.id, None)
                 outcome.started = started if started is not None else kept or time.time()
             self._unwritten += 1
+            self._pending[outcome.id] += 1
         self.outcomes.put(outcome)
 
     def release(self, job: Claimed, outcome: Outcome) -> None:
@@ -125,10 +134,14 @@ class Ledger:
             self.processed += 1
             self.counts[outcome.status] += 1
 
-    def written(self, count: int) -> None:
-        """The finisher is done with ``count`` outcomes (written or refused)."""
+    def written(self, ids: list[uuid.UUID]) -> None:
+        """The finisher is done with these outcomes (written or refused)."""
         with self._lock:
-            self._unwritten -= count
+            self._unwritten -= len(ids)
+            self._pending.subtract(ids)
+            for job_id in ids:
+                if self._pending[job_id] <= 0:
+                    del self._pending[job_id]
             self._stalled_since = None
             self._written.notify_all()
 

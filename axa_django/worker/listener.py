@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 
+from ..sql import refused
 from .connection import CANCEL_CHANNEL, CHANNEL, RECONNECT_MAX, close, connect
 from .control import Control
 from .lanes import FULL_SCAN_UNNOTIFIED, Lanes
@@ -72,7 +73,7 @@ class Listener:
                             self.lanes.heard(note.payload)  # rows ready behind the claim's floors
                         self.quiet.stir()  # rows enqueued, or slots freed on another worker
                     control.wake.set()
-            except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+            except refused.OUTAGE as error:
                 logger.warning("listener lost the database (%s); reconnecting in %.1fs", error, delay)
                 close(conn)
                 conn = None

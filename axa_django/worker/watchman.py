@@ -13,11 +13,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 from .. import conf, dependencies, sql, unhandled
 from ..sql import refused
+from .connection import opened
+from .ledger import Ledger
 from .options import Options
 
 logger = logging.getLogger("axa_django")
@@ -28,6 +31,13 @@ logger = logging.getLogger("axa_django")
 Run = Callable[..., list[tuple[Any, ...]] | None]
 
 
+# The reconcile's cadence when nothing happened, its grace for claims not yet in the
+# ledger (at least the housekeeping interval), and the rounds it runs after a reconnect.
+RECONCILE_SECONDS = 60.0
+RECONCILE_GRACE = 2.0
+RECONCILE_ROUNDS = 3
+
+
 class _Cut(Exception):
     """A statement of the row-by-row rescue did not run (timeout, lost connection): the rest waits a round."""
 
@@ -35,11 +45,42 @@ class _Cut(Exception):
 class Watchman:
     """What is due of the rescue (every ``LEASE_SECONDS / 3``) and the look for unhandled jobs (every minute)."""
 
-    def __init__(self, options: Options) -> None:
-        self.options = options
+    def __init__(self, options: Options, worker_id: uuid.UUID | None = None, ledger: Ledger | None = None) -> None:
+        self.options, self.worker_id, self.ledger = options, worker_id, ledger
         self._next_rescue = 0.0
         # The first look waits a lease: workers started together have all registered by then.
         self._next_unhandled = time.monotonic() + options.lease
+        self._next_reconcile = time.monotonic() + RECONCILE_SECONDS
+        self._opened = opened()  # connections opened when last reconciled
+        self._reconcile_rounds = 0  # reconciles still due after a reconnect
+
+    def reconcile(self, run: Run) -> None:
+        """Queue again the rows running under this worker that it no longer holds (a crash, a failover).
+
+        After any new connection (it may reach a server that lost what this worker wrote,
+        or a promoted standby), at the next rounds until the claims made before it are
+        older than the grace; and once a minute whatever happens.
+        """
+        if self.worker_id is None or self.ledger is None:
+            return
+        now = time.monotonic()
+        if opened() != self._opened:
+            self._opened = opened()
+            self._reconcile_rounds = RECONCILE_ROUNDS
+        if self._reconcile_rounds <= 0 and now < self._next_reconcile:
+            return
+        grace = max(RECONCILE_GRACE, self.options.housekeeping_interval)
+        rows = run(sql.RECONCILE, {"worker": self.worker_id, "held": self.ledger.owned(), "grace": grace})
+        if rows is None:
+            return  # not run (a timeout, no connection): the next round tries again
+        self._reconcile_rounds -= 1
+        self._next_reconcile = now + RECONCILE_SECONDS
+        if rows:
+            logger.warning(
+                "queued %d job(s) again that were running under this worker but no longer held by it: the "
+                "database lost what the worker wrote of them (a crash or a failover); they run again",
+                len(rows),
+            )
 
     def rescue(self, run: Run) -> None:
         """Queue again the rows of workers whose lease ran out (and fail rows that can never run)."""
@@ -98,6 +139,7 @@ class Watchman:
 
     def watch(self, run: Run) -> None:
         """Run what is due."""
+        self.reconcile(run)
         now = time.monotonic()
         if now >= self._next_rescue:
             self._next_rescue = now + self.options.housekeeping_interval
