@@ -19,20 +19,42 @@ from django.core.exceptions import ImproperlyConfigured
 __all__ = ["database", "parse_url", "start_embedded"]
 
 
+def _hosts(hostlist: str) -> tuple[str, str]:
+    """libpq's ``host1:port1,host2:port2`` as the HOST and PORT libpq reads (``"h1,h2"``, ``"p1,p2"``)."""
+    hosts, ports = [], []
+    for item in hostlist.split(","):
+        if item.startswith("["):  # [IPv6]:port
+            host, _, rest = item[1:].partition("]")
+            port = rest.removeprefix(":")
+        else:
+            host, _, port = item.partition(":")
+        if port and not port.isdigit():
+            raise ValueError(f"DATABASE_URL has a port that is not a number: {port!r}")
+        hosts.append(unquote(host))
+        ports.append(port)
+    return ",".join(hosts), ",".join(ports) if any(ports) else ""
+
+
 def parse_url(url: str) -> dict[str, Any]:
-    """Turn ``postgresql://user:pass@host:port/name?host=/socket/dir`` into a DATABASES entry."""
+    """Turn ``postgresql://user:pass@host:port/name?host=/socket/dir`` into a DATABASES entry.
+
+    Several hosts, as libpq takes them (``postgresql://u:p@db1:5432,db2:5432/app?target_session_attrs=read-write``),
+    become HOST ``"db1,db2"`` and PORT ``"5432,5432"``, which Django passes to libpq as they are.
+    """
     parts = urlsplit(url)
     if parts.scheme not in ("postgres", "postgresql"):
         raise ValueError(f"DATABASE_URL must start with postgresql://, not {parts.scheme!r}://")
     query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
-    host = query.pop("host", None) or unquote(parts.hostname or "")
+    userinfo, _, hostlist = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    host, port = _hosts(hostlist)
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": unquote(parts.path.lstrip("/")) or "postgres",
-        "USER": unquote(parts.username or ""),
-        "PASSWORD": unquote(parts.password or ""),
-        "HOST": host,
-        "PORT": str(parts.port or ""),
+        "USER": unquote(user),
+        "PASSWORD": unquote(password),
+        "HOST": query.pop("host", None) or host,
+        "PORT": port,
         "OPTIONS": query,
     }
 

@@ -1,0 +1,238 @@
+"""A database crash or a failover strands no job: private clusters, real workers, every job checked.
+
+The server crashes (``pg_ctl stop -m immediate``) mid-drain and starts again; or the
+primary of a streaming pair crashes and its standby is promoted, the workers given
+both hosts (``target_session_attrs=read-write``). Claims and outcomes written without
+waiting for the flush may be lost with the server: a row whose claim survived and whose
+outcome did not stayed ``running`` under a live worker for ever. Now every job ends
+``completed`` (some run twice: at least once), and a worker pointed at a standby waits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import psycopg
+import pytest
+
+from tests import clusters
+from tests.conftest import ROOT, wait_for
+
+pytestmark = pytest.mark.skipif(clusters.unavailable() is not None, reason=str(clusters.unavailable()))
+
+JOB = "tests.testapp.jobs.trace"
+
+
+class HA:
+    """Clusters and runworker processes for one test, all gone at its end."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.clusters: list[clusters.Cluster] = []
+        self.procs: list[tuple[subprocess.Popen[str], IO[str]]] = []
+
+    def env(self, url: str) -> dict[str, str]:
+        return dict(os.environ, DATABASE_URL=url, DJANGO_SETTINGS_MODULE="tests.settings", PYTHONUNBUFFERED="1")
+
+    def primary(self) -> clusters.Cluster:
+        primary = clusters.Cluster(self.root, "primary").init().start()
+        self.clusters.append(primary)
+        with primary.connect("postgres") as conn:
+            conn.execute("CREATE DATABASE axa_ha")
+        done = subprocess.run(
+            [sys.executable, "-m", "django", "migrate", "-v", "0"],
+            cwd=ROOT,
+            env=self.env(primary.url()),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return primary
+
+    def standby(self, primary: clusters.Cluster) -> clusters.Cluster:
+        standby = clusters.Cluster(self.root, "standby").standby_of(primary).start()
+        self.clusters.append(standby)
+        clusters.wait_ready(standby, "axa_ha")
+        wait_for(lambda: streaming(primary), timeout=60, what="the standby streaming")
+        return standby
+
+    def worker(self, url: str, *args: str) -> subprocess.Popen[str]:
+        n = len(self.procs)
+        out = (self.root / f"worker{n}.log").open("w")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "django", "runworker", *args],
+            cwd=ROOT,
+            env=self.env(url),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.procs.append((proc, out))
+        return proc
+
+    def output(self, proc: subprocess.Popen[str]) -> str:
+        index = next(i for i, (p, _) in enumerate(self.procs) if p is proc)
+        return (self.root / f"worker{index}.log").read_text()
+
+    def close(self) -> None:
+        for proc, out in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=30)
+            out.close()
+        clusters.remove(self.root, self.clusters)
+
+
+@pytest.fixture
+def ha() -> Iterator[HA]:
+    setup = HA(clusters.workspace())
+    yield setup
+    setup.close()
+
+
+def streaming(primary: clusters.Cluster, sync: bool = False) -> bool:
+    with primary.connect("postgres") as conn:
+        states = conn.execute("SELECT state, sync_state FROM pg_stat_replication").fetchall()
+    return any(state == "streaming" and (not sync or mode == "sync") for state, mode in states)
+
+
+def enqueue(cluster: clusters.Cluster, first: int, count: int, log: Path) -> None:
+    """``count`` trace jobs by SQL (tokens first..first+count-1): a durable commit, as a view's enqueue is."""
+    with cluster.connect() as conn:
+        conn.execute(
+            "INSERT INTO axa_queue (id, name, args) SELECT gen_random_uuid(), %s, "
+            "jsonb_build_object('token', i::text, 'log', %s::text, 'seconds', 0.002) "
+            "FROM generate_series(%s::int, %s::int) AS i",
+            [JOB, str(log), first, first + count - 1],
+        )
+
+
+def statuses(cluster: clusters.Cluster) -> dict[str, int]:
+    """Rows per status, or {} while the server does not answer (restarting, promoting)."""
+    try:
+        with cluster.connect() as conn:
+            return dict(conn.execute("SELECT status, count(*) FROM axa_queue GROUP BY status").fetchall())
+    except psycopg.Error:
+        return {}
+
+
+def all_completed(cluster: clusters.Cluster, total: int) -> bool:
+    return statuses(cluster) == {"completed": total}
+
+
+def runs(log: Path) -> Counter[str]:
+    return Counter(line.split()[0] for line in log.read_text().splitlines())
+
+
+def stop_workers(ha: HA, procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        assert proc.poll() is None, "a worker died:\n" + ha.output(proc)[-3000:]
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        assert proc.wait(timeout=60) == 0, ha.output(proc)[-3000:]
+
+
+def test_a_crash_of_the_server_mid_drain_strands_no_job(ha: HA, tmp_path: Path) -> None:
+    total = 5000
+    log = tmp_path / "runs.log"
+    log.touch()
+    primary = ha.primary()
+    enqueue(primary, 0, total, log)
+    procs = [ha.worker(primary.url(), "--concurrency", "4") for _ in range(3)]
+    wait_for(lambda: statuses(primary).get("completed", 0) >= total // 5, timeout=120, what="a fifth done")
+    crashed = time.monotonic()
+    primary.stop("immediate")
+    primary.start()
+    wait_for(
+        lambda: all_completed(primary, total),
+        timeout=120,
+        what=f"every job completed after the crash (rows per status: {statuses(primary)})",
+    )
+    ran = runs(log)
+    assert set(ran) == {str(i) for i in range(total)}
+    print(
+        f"crash: all {total} completed {time.monotonic() - crashed:.1f}s after it; "
+        f"run twice: {sum(1 for n in ran.values() if n > 1)}"
+    )
+    stop_workers(ha, procs)
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["synchronous", "asynchronous"])
+def test_a_failover_to_the_promoted_standby_strands_and_loses_no_job(ha: HA, tmp_path: Path, sync: bool) -> None:
+    total, late = 3000, 200
+    log = tmp_path / "runs.log"
+    log.touch()
+    primary = ha.primary()
+    enqueue(primary, 0, total, log)
+    standby = ha.standby(primary)
+    if sync:
+        with primary.connect("postgres") as conn:
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            conn.execute("SELECT pg_reload_conf()")
+        wait_for(lambda: streaming(primary, sync=True), timeout=60, what="the standby synchronous")
+    both = (
+        f"postgresql://{clusters.SUPERUSER}@127.0.0.1:{primary.port},127.0.0.1:{standby.port}/axa_ha"
+        "?target_session_attrs=read-write"
+    )
+    procs = [ha.worker(both, "--concurrency", "4") for _ in range(2)]
+    wait_for(lambda: statuses(primary).get("completed", 0) >= total // 3, timeout=120, what="a third done")
+    if sync:
+        enqueue(primary, total, late, log)  # acknowledged by the synchronous standby
+        total += late
+    failed_at = time.monotonic()
+    primary.stop("immediate")
+    standby.promote()
+    wait_for(
+        lambda: all_completed(standby, total),
+        timeout=150,
+        what=f"every job completed on the promoted standby (rows per status: {statuses(standby)})",
+    )
+    ran = runs(log)
+    assert set(ran) == {str(i) for i in range(total)}
+    print(
+        f"failover ({'synchronous' if sync else 'asynchronous'}): all {total} completed "
+        f"{time.monotonic() - failed_at:.1f}s after it; run twice: {sum(1 for n in ran.values() if n > 1)}"
+    )
+    stop_workers(ha, procs)
+
+
+def test_a_worker_on_a_standby_says_so_waits_and_works_once_it_is_promoted(ha: HA, tmp_path: Path) -> None:
+    total = 100
+    log = tmp_path / "runs.log"
+    log.touch()
+    primary = ha.primary()
+    enqueue(primary, 0, total, log)
+    standby = ha.standby(primary)
+    proc = ha.worker(standby.url(), "--concurrency", "2")
+    said = "is read-only (a standby, or default_transaction_read_only is on)"
+    wait_for(lambda: ha.output(proc).count(said) >= 3, timeout=60, what="the worker saying so, again and again")
+    assert proc.poll() is None, ha.output(proc)
+    assert statuses(standby) == {"queued": total}  # nothing claimed, nothing failed
+    primary.stop("immediate")
+    standby.promote()
+    wait_for(lambda: all_completed(standby, total), timeout=90, what="the jobs done once promoted")
+    assert set(runs(log)) == {str(i) for i in range(total)}
+    stop_workers(ha, [proc])
+
+
+def test_one_url_of_several_hosts_becomes_the_host_and_port_lists_libpq_reads() -> None:
+    from axa_django.devdb import parse_url
+
+    entry: dict[str, Any] = parse_url("postgresql://u:p@db1:5432,db2:5433/app?target_session_attrs=read-write")
+    assert (entry["HOST"], entry["PORT"], entry["OPTIONS"]) == (
+        "db1,db2",
+        "5432,5433",
+        {"target_session_attrs": "read-write"},
+    )
+    assert parse_url("postgresql://u@[::1]:5433/app")["HOST"] == "::1"
+    with pytest.raises(ValueError, match="not a number"):
+        parse_url("postgresql://u@db1:x/app")
