@@ -110,8 +110,10 @@ def _drop(cursor: Any, retention: datetime.timedelta) -> int | None:
         cursor.execute("SELECT set_config('lock_timeout', %s, true)", [LOCK_TIMEOUT])
         # Locked before its linked rows are read: a retry committing in between would move
         # a parent and its child out of the table, and the drop then took their edges with
-        # it (the child waited for ever). A retry now waits for the drop, or the drop gives up.
-        cursor.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        # it (the child waited for ever). A retry now waits for the drop, or the drop gives
+        # up. EXCLUSIVE stops writers and lets readers on while the links are read (a second
+        # or more on a big table); the DROP takes the rest.
+        cursor.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
         cursor.execute(LINKED.format(table=table))
         linked, groups = cursor.fetchone()
         cursor.execute(f"DROP TABLE {table}")

@@ -352,6 +352,7 @@ def register(conn: psycopg.Connection[Any], worker: uuid.UUID, names: list[str])
             "queues": "[]",
             "names": json.dumps(names),
             "backends": "[]",
+            "lease": 30.0,
         },
     )
 

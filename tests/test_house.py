@@ -99,8 +99,8 @@ def test_the_migration_adds_the_notify_trigger_and_storage_parameters():
         ("axa_history_keep", "axa_history_keep"),  # a row finished in place moves to the history
         ("axa_queue_behind_insert", "axa_queue_behind"),  # rows queued behind the claims' floors (0005)
         ("axa_queue_behind_update", "axa_queue_behind"),
-        ("axa_queue_live_owner", "axa_queue_live_owner"),  # the seed's REQUEUE_STALE spares live workers
         ("axa_queue_notify", "axa_queue_notify"),
+        ("axa_queue_requeue", "axa_queue_requeue"),  # live workers' jobs spared, a cancel kept
     ]
     assert sorted(options["axa_queue"]) == sorted(
         [

@@ -257,12 +257,15 @@ def finish_in_place(cursor: psycopg.Cursor[Any], outcome: Outcome, worker_id: uu
     In a transaction of its own: ``axa.in_place`` holds for this transaction only.
     """
     with cursor.connection.transaction():
-        cursor.execute(refused.IN_PLACE)
+        # This row only: children its settle cancels move into the history as usual.
+        cursor.execute(refused.IN_PLACE_ROW, {"id": outcome.id})
         cursor.execute(refused.FINISH_IN_PLACE, {"outcomes": f"[{_as_json(outcome)}]", "worker": worker_id})
-        if not cursor.fetchall():
+        rows = cursor.fetchall()
+        if not rows:
             return False
-        cursor.execute(refused.NOTE, {"id": outcome.id, "type": refused.REFUSED_TYPE, "message": refused.note(why)})
-        dependencies.settle(cursor, [outcome.id])
+        if rows[0][1] != "queued":
+            cursor.execute(refused.NOTE, {"id": outcome.id, "type": refused.REFUSED_TYPE, "message": refused.note(why)})
+            dependencies.settle(cursor, [outcome.id])
     return True
 
 

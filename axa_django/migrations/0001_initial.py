@@ -247,12 +247,12 @@ END
 $$;
 
 -- A row finished in axa_queue by any statement but the worker's FINISH moves to the history,
--- unless the setting axa.in_place is on: the worker sets it, in a transaction of its own,
--- for a row whose move a user's foreign key or trigger refused (worker/isolation.py), so
--- that row is finished where it is instead of being left running.
+-- unless the setting axa.in_place names it (or is 'all', in a transaction of the worker's
+-- own): set for a row whose move a user's foreign key or trigger refused (sql/refused.py),
+-- so that row is finished where it is instead of being left running.
 CREATE FUNCTION axa_history_keep() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF current_setting('axa.in_place', true) = 'on' THEN
+    IF current_setting('axa.in_place', true) IN ('all', NEW.id::text) THEN
         RETURN NULL;
     END IF;
     DELETE FROM ONLY axa_queue WHERE id = NEW.id;
@@ -275,30 +275,39 @@ CREATE TRIGGER axa_history_keep AFTER UPDATE OF status ON axa_queue FOR EACH ROW
     WHEN (NEW.status IN ('completed', 'failed', 'cancelled')) EXECUTE FUNCTION axa_history_keep();
 """
 
-# A mixed fleet: the seed's REQUEUE_STALE, which a Rust service sharing the table runs at
-# its start, queues again every row running for longer than its stale_minutes, keeping
-# the worker id. This guard skips that update for a row of a worker still registered in
-# axa_worker (the rescue removes a worker only once its lease ran out), so a job whose
-# worker is alive is never requeued, however long it runs. The worker's own statements
-# that queue a row again clear its worker id, and the guard's condition never holds for
-# them (nor for a claim); a seed-claimed row has no worker id and is requeued as before.
-LIVE_OWNER = """
-CREATE FUNCTION axa_queue_live_owner() RETURNS trigger LANGUAGE plpgsql AS $$
+# A running row queued again, by any statement (the worker's retry, release or rescue, the
+# seed's REQUEUE_STALE, a user's update), passes this guard:
+# - a mixed fleet: the seed's REQUEUE_STALE, which a Rust service sharing the table runs
+#   at its start, queues again every row running for longer than its stale_minutes,
+#   keeping the worker id and clearing the start. That update is skipped for a row whose
+#   worker's heartbeat is fresh (within the lease it registered), so a job whose worker
+#   is alive is never requeued, however long it runs. The worker's own statements clear
+#   the worker id, so the guard never holds for them; a seed-claimed row has none.
+# - a job whose cancel was asked while it ran ends cancelled instead (axa_history_keep then
+#   moves it): queued again, its next claim cleared the flag and ran it.
+# Claims (queued -> running) never call it: the WHEN is the whole cost on the hot path.
+REQUEUE = """
+CREATE FUNCTION axa_queue_requeue() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF EXISTS (SELECT 1 FROM axa_worker WHERE id = OLD.worker_id) THEN
+    IF NEW.worker_id = OLD.worker_id AND OLD.started_at IS NOT NULL AND NEW.started_at IS NULL
+       AND EXISTS (SELECT 1 FROM axa_worker w WHERE w.id = OLD.worker_id
+                   AND w.heartbeat_at >= now() - make_interval(secs => w.lease_seconds)) THEN
         RETURN NULL;
+    END IF;
+    IF NEW.cancel_requested THEN
+        NEW.status := 'cancelled';
+        NEW.finished_at := now();
     END IF;
     RETURN NEW;
 END
 $$;
-CREATE TRIGGER axa_queue_live_owner BEFORE UPDATE OF status ON axa_queue FOR EACH ROW
-    WHEN (OLD.status = 'running' AND NEW.status = 'queued' AND OLD.worker_id IS NOT NULL
-          AND NEW.worker_id = OLD.worker_id AND OLD.started_at IS NOT NULL AND NEW.started_at IS NULL)
-    EXECUTE FUNCTION axa_queue_live_owner();
+CREATE TRIGGER axa_queue_requeue BEFORE UPDATE OF status ON axa_queue FOR EACH ROW
+    WHEN (OLD.status = 'running' AND NEW.status = 'queued')
+    EXECUTE FUNCTION axa_queue_requeue();
 """
-NO_LIVE_OWNER = """
-DROP TRIGGER IF EXISTS axa_queue_live_owner ON axa_queue;
-DROP FUNCTION IF EXISTS axa_queue_live_owner();
+NO_REQUEUE = """
+DROP TRIGGER IF EXISTS axa_queue_requeue ON axa_queue;
+DROP FUNCTION IF EXISTS axa_queue_requeue();
 """
 
 # Back to one table: the history's rows return to axa_queue.
@@ -400,6 +409,7 @@ class Migration(migrations.Migration):
                 ("backends", models.JSONField(db_default=models.Value([], models.JSONField()))),
                 ("started_at", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
                 ("heartbeat_at", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
+                ("lease_seconds", models.FloatField(db_default=30.0)),
             ],
             options={
                 "db_table": "axa_worker",
@@ -686,5 +696,5 @@ class Migration(migrations.Migration):
         migrations.RunSQL(BEHIND, NOT_BEHIND),
         migrations.RunSQL(FLOW_KEYS, DROP_FLOW_KEYS),
         migrations.RunSQL(HISTORY, DROP_HISTORY),
-        migrations.RunSQL(LIVE_OWNER, NO_LIVE_OWNER),
+        migrations.RunSQL(REQUEUE, NO_REQUEUE),
     ]

@@ -176,17 +176,16 @@ def retry(jobs: models.QuerySet[Any]) -> RetryResult:
 
 def _cancel(using: str, subquery: str, params: Any, why: str | None = None) -> int:
     with transaction.atomic(using=using), checked_now(using), connections[using].cursor() as cursor:
-        if why is not None:
-            cursor.execute(refused.IN_PLACE)
+        if why is not None:  # one row (params): the setting names it, and is cleared after
+            cursor.execute(refused.IN_PLACE_ROW, {"id": params[0]})
         cursor.execute(CANCEL.format(subquery=subquery), params)
         rows = cursor.fetchall()
         ended = [(job_id, children) for job_id, status, children, _ in rows if status == "cancelled"]
         if why is not None:
+            cursor.execute(refused.NOT_IN_PLACE)
             for job_id, _ in ended:
                 cursor.execute(refused.NOTE, {"id": job_id, "type": refused.REFUSED_TYPE, "message": refused.note(why)})
-        dependencies.settle(
-            cursor, [job_id for job_id, status, children, _ in rows if children and status != "running"]
-        )
+        dependencies.settle(cursor, [job_id for job_id, children in ended if children])
     return len(rows)
 
 

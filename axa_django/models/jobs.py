@@ -12,7 +12,7 @@ from psycopg.types.json import Jsonb
 from ..ids import uuid7
 from . import changes
 from .changes import RetryResult
-from .moves import MovingQuerySet, StaysPut
+from .moves import MovingQuerySet, StaysPut, track_fetches
 
 
 class JobQuerySet(MovingQuerySet["Job"]):
@@ -317,6 +317,9 @@ class Job(StaysPut):
         if self.started_at and self.finished_at:
             return self.finished_at - self.started_at
         return None
+
+
+track_fetches(Job)
 
 
 # The admin's own index entries (Failed jobs, the Dashboard): proxies, so they load with the

@@ -24,6 +24,7 @@ from django.core.exceptions import ValidationError
 from django.db import DatabaseError, IntegrityError, models, router, transaction
 from django.db.models.expressions import Col
 from django.db.models.lookups import Exact, In
+from django.db.models.query_utils import DeferredAttribute
 from django.db.models.sql.where import AND
 
 # Statements a write by id runs at most: each retry waits for the mover's lock, then sees
@@ -89,9 +90,11 @@ class MovingQuerySet(models.QuerySet[M]):
     def _lock_targets(self) -> None:
         """Lock the rows this queryset names by id, where they are now (call inside a transaction).
 
-        In id order, as the finisher and the claims lock rows: two such writes never deadlock.
+        The ids alone (an annotated or grouped queryset cannot be locked as it is), in id order.
         """
-        list(self.order_by("pk").select_for_update(of=("self",)).values_list("pk", flat=True))
+        targets = pk_targets(self.query) or set()
+        rows = self.model._base_manager.using(self.db).filter(pk__in=targets).order_by("pk")
+        list(rows.select_for_update(of=("self",)).values_list("pk", flat=True))
 
     def _by_id(self) -> bool:
         """Whether this queryset names its rows by id, in a shape a locking read can take first."""
@@ -124,7 +127,11 @@ class MovingQuerySet(models.QuerySet[M]):
         with ``ignore_conflicts`` (the table's own key sees only ``axa_queue``, not the history)."""
         objs = list(objs)
         ids = [obj.pk for obj in objs if obj.pk is not None]
-        taken = set(self.model._base_manager.using(self.db).filter(pk__in=ids).values_list("pk", flat=True))
+        found = self.model._base_manager.using(self.db).filter(pk__in=ids)
+        if kwargs.get("update_conflicts"):
+            # An upsert updates a row of axa_queue itself (its key sees it); one in the history it would duplicate.
+            found = found.extra(where=["tableoid <> 'axa_queue'::regclass"])
+        taken = set(found.values_list("pk", flat=True))
         if taken:
             if kwargs.get("ignore_conflicts"):
                 objs = [obj for obj in objs if obj.pk not in taken]
@@ -146,6 +153,27 @@ def _snapshot(values: dict[str, Any], names: Iterable[str]) -> dict[str, Any]:
         value = values[name]
         loaded[name] = copy.deepcopy(value) if isinstance(value, _MUTABLE) else value
     return loaded
+
+
+class _Fetched(DeferredAttribute):
+    """A deferred field that, once fetched for many instances at once (Django 6.1's FETCH_PEERS),
+    takes the fetched values as loaded: else save() took them for the caller's changes and
+    wrote back a status read long before (a finished job queued again)."""
+
+    def fetch_many(self, instances: list[Any]) -> None:
+        attname = self.field.attname
+        missing = [instance for instance in instances if attname not in instance.__dict__]
+        super().fetch_many(instances)  # type: ignore[misc]
+        for instance in missing:
+            if attname in instance.__dict__:
+                instance.__dict__.setdefault("_loaded", {}).update(_snapshot(instance.__dict__, [attname]))
+
+
+def track_fetches(model: type[models.Model]) -> None:
+    """Have ``model``'s deferred fields record what a fetch of many instances loads (``_Fetched``)."""
+    for field in model._meta.concrete_fields:
+        if type(model.__dict__.get(field.attname)) is DeferredAttribute:
+            setattr(model, field.attname, _Fetched(field))
 
 
 def mark_loaded(job: Any) -> None:
@@ -200,11 +228,23 @@ class StaysPut(models.Model):
 
     save.alters_data = True  # type: ignore[attr-defined]
 
-    def _do_update(self, base_qs: Any, using: Any, pk_val: Any, values: Any, *args: Any, **kwargs: Any) -> Any:
-        for _ in range(TRIES):
-            updated = super()._do_update(base_qs, using, pk_val, values, *args, **kwargs)  # type: ignore[misc]
+    def _do_update(
+        self, base_qs: Any, using: Any, pk_val: Any, values: Any, update_fields: Any, forced: Any, *args: Any
+    ) -> Any:
+        # Without update_fields or force_update, Django inserts when nothing was updated (a
+        # raw save: loaddata); _do_insert then refuses an id in use. One try is enough there.
+        fields_given = update_fields is not None or forced
+        for _ in range(TRIES if fields_given else 1):
+            updated = super()._do_update(base_qs, using, pk_val, values, update_fields, forced, *args)  # type: ignore[misc]
             if updated or not values:
                 return updated
+        if not fields_given:
+            return updated
+        if base_qs.filter(pk=pk_val).exists():
+            raise DatabaseError(
+                f"job {pk_val} was not saved: the database skipped the update (the schema's axa_queue_requeue "
+                "guard leaves a running job of a live worker running when its start is cleared); nothing was written"
+            )
         raise JobGone(
             f"job {pk_val} was not saved: its row no longer exists (deleted, pruned, or dropped with the history "
             "by RETENTION); nothing was written. A job is never inserted again by save(): enqueue a new one"

@@ -21,6 +21,9 @@ class Worker(models.Model):
     backends = models.JSONField(db_default=models.Value([], models.JSONField()))
     started_at = models.DateTimeField(db_default=Now())
     heartbeat_at = models.DateTimeField(db_default=Now())
+    # LEASE_SECONDS of this worker: its heartbeat is fresh for so long (the schema's
+    # axa_queue_requeue guard reads it; a Rust service sharing the table knows no lease).
+    lease_seconds = models.FloatField(db_default=30.0)
 
     class Meta:
         db_table = "axa_worker"

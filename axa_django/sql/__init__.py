@@ -46,9 +46,8 @@ from .claims import (
     compose as compose,
 )
 
-# Record outcomes; a row is only written while still running under this worker. An
-# attempt to retry of a job whose cancel was asked meanwhile ends it cancelled instead
-# (axa_history_keep moves it): queued again, its next claim cleared the flag and ran it. The
+# Record outcomes; a row is only written while still running under this worker. (A retry
+# of a job whose cancel was asked meanwhile ends it cancelled: the axa_queue_requeue guard.) The
 # batch comes as one JSON array (execution.finish), a single parameter to send: the
 # result nested as {"v": ...} so that a JSON null stays a JSON null. A finished row
 # moves into the history (history.py): deleted from axa_queue and inserted into
@@ -88,13 +87,10 @@ WITH v AS MATERIALIZED (
     RETURNING id
 ), retried AS (
     UPDATE ONLY axa_queue q
-    SET status = CASE WHEN q.cancel_requested THEN 'cancelled' ELSE 'queued' END,
-        error = v.error, result = v.result -> 'v',
+    SET status = 'queued', error = v.error, result = v.result -> 'v',
         errors = CASE WHEN v.entry IS NULL THEN q.errors ELSE q.errors || jsonb_build_array(v.entry) END,
-        run_at = CASE WHEN q.cancel_requested THEN q.run_at ELSE now() + make_interval(secs => v.delay) END,
-        started_at = CASE WHEN q.cancel_requested THEN q.started_at END,
-        worker_id = CASE WHEN q.cancel_requested THEN q.worker_id END,
-        finished_at = CASE WHEN q.cancel_requested THEN now() END, updated_at = now()
+        run_at = now() + make_interval(secs => v.delay), started_at = NULL, worker_id = NULL,
+        finished_at = NULL, updated_at = now()
     FROM v
     WHERE q.id = ANY(ARRAY(SELECT id FROM v WHERE status = 'queued')) AND q.id = v.id
       AND q.status || '' = 'running' AND q.worker_id IS NOT DISTINCT FROM %(worker)s
@@ -120,9 +116,10 @@ FINISH_COMPLETED = FINISH.replace(_OUTCOMES, _COMPLETED)
 assert FINISH_COMPLETED != FINISH, "FINISH lost its outcomes"
 
 REGISTER = """
-INSERT INTO axa_worker (id, hostname, pid, concurrency, queues, names, backends, started_at, heartbeat_at)
+INSERT INTO axa_worker (
+    id, hostname, pid, concurrency, queues, names, backends, started_at, heartbeat_at, lease_seconds)
 VALUES (%(worker)s, %(hostname)s, %(pid)s, %(concurrency)s, %(queues)s::jsonb, %(names)s::jsonb,
-        %(backends)s::jsonb, now(), now())
+        %(backends)s::jsonb, now(), now(), %(lease)s)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 """
 

@@ -25,8 +25,12 @@ logger = logging.getLogger("axa_django")
 # Stored in errors[].type, read back by django.tasks with import_string.
 REFUSED_TYPE = "axa_django.exceptions.HistoryRefused"
 
-# This transaction only: axa_history_keep leaves the rows it finishes where they are.
-IN_PLACE = "SELECT set_config('axa.in_place', 'on', true)"
+# This transaction only: axa_history_keep leaves the rows it finishes where they are. Every
+# row, in a transaction of the worker's own; one row (IN_PLACE_ROW), in a transaction that
+# may be a caller's, where the setting outlives the savepoint it was set in.
+IN_PLACE = "SELECT set_config('axa.in_place', 'all', true)"
+IN_PLACE_ROW = "SELECT set_config('axa.in_place', %(id)s::text, true)"
+NOT_IN_PLACE = "SELECT set_config('axa.in_place', '', true)"
 
 # Say on a row finished in place why it is not in the history.
 NOTE = """
@@ -46,8 +50,9 @@ SELECT count(*) FROM ONLY axa_queue
 WHERE finished_at IS NOT NULL AND errors @> '[{{"type": "{REFUSED_TYPE}"}}]'::jsonb
 """
 
-# The worker's outcome of one attempt, written in place (its move was refused): the
-# FINISH of one finished outcome (sql.FINISH's moved branch), as an UPDATE.
+# The worker's outcome of one attempt, written in place (its move was refused): sql.FINISH
+# for one outcome as one UPDATE (a retry is written as FINISH writes it; one whose cancel
+# was asked ends cancelled, by the axa_queue_requeue guard, and stays here).
 FINISH_IN_PLACE = """
 WITH v AS MATERIALIZED (
     SELECT * FROM jsonb_to_recordset(%(outcomes)s::jsonb)
@@ -55,20 +60,29 @@ WITH v AS MATERIALIZED (
 )
 UPDATE ONLY axa_queue q
 SET status = v.status, error = CASE WHEN v.status = 'completed' THEN q.error ELSE v.error END,
-    result = v.result -> 'v', started_at = COALESCE(q.started_at, to_timestamp(v.started)),
+    result = v.result -> 'v',
+    started_at = CASE WHEN v.status = 'queued' THEN NULL ELSE COALESCE(q.started_at, to_timestamp(v.started)) END,
     errors = CASE WHEN v.entry IS NULL THEN q.errors ELSE q.errors || jsonb_build_array(v.entry) END,
-    finished_at = now(), updated_at = now()
+    run_at = CASE WHEN v.status = 'queued' THEN now() + make_interval(secs => v.delay) ELSE q.run_at END,
+    worker_id = CASE WHEN v.status = 'queued' THEN NULL ELSE q.worker_id END,
+    finished_at = CASE WHEN v.status = 'queued' THEN NULL ELSE now() END, updated_at = now()
 FROM v
-WHERE q.id = v.id AND v.status <> 'queued' AND q.status || '' = 'running'
-  AND q.worker_id IS NOT DISTINCT FROM %(worker)s
-RETURNING q.id
+WHERE q.id = v.id AND q.status || '' = 'running' AND q.worker_id IS NOT DISTINCT FROM %(worker)s
+RETURNING q.id, q.status
 """
 
 # The rescue one row at a time: the rows it would take, then one of them; a job it fails
 # whose move was refused gets the HistoryRefused entry too (%(refused)s, else NULL).
 _TAKE = "\n)\nUPDATE ONLY axa_queue q"
 assert RESCUE.count(_TAKE) == 1, "RESCUE changed shape"
-RESCUE_LOST = RESCUE.split(_TAKE)[0] + "\n)\nSELECT id FROM lost ORDER BY id"
+# Rows refused even in place are passed over from then on (%(skip)s): each round tried them
+# first, and enough of them used up the heartbeat's time before any other row.
+_SKIP_LOCKED = "    FOR UPDATE OF q SKIP LOCKED"
+assert RESCUE.count(_SKIP_LOCKED) == 1, "RESCUE changed shape"
+RESCUE_LOST = (
+    RESCUE.split(_TAKE)[0].replace(_SKIP_LOCKED, "      AND q.id <> ALL(%(skip)s::uuid[])\n" + _SKIP_LOCKED)
+    + "\n)\nSELECT id FROM lost ORDER BY id"
+)
 _REFUSED_ENTRY = """ || CASE WHEN {when} AND %(refused)s::text IS NOT NULL THEN jsonb_build_array(jsonb_build_object(
         'attempt', q.attempts, 'at', now(), 'worker', q.worker_id, 'type', %(refused_type)s::text,
         'message', %(refused)s::text, 'traceback', '')) ELSE '[]'::jsonb END
@@ -79,12 +93,17 @@ RESCUE_ONE = RESCUE.replace(
 assert RESCUE_ONE.count("%(id)s") == 1 and RESCUE_ONE.count("%(refused)s") == 2, "RESCUE changed shape"
 
 # FAIL_NEVER_DUE the same way.
-NEVER_DUE_IDS = FAIL_NEVER_DUE.split("\n)\nUPDATE ONLY axa_queue q")[0] + "\n)\nSELECT id FROM never ORDER BY id"
+NEVER_DUE_IDS = (
+    FAIL_NEVER_DUE.split("\n)\nUPDATE ONLY axa_queue q")[0].replace(
+        "WHERE status = 'queued'", "WHERE id <> ALL(%(skip)s::uuid[]) AND status = 'queued'"
+    )
+    + "\n)\nSELECT id FROM never ORDER BY id"
+)
 FAIL_NEVER_DUE_ONE = FAIL_NEVER_DUE.replace(
     "FROM ONLY axa_queue WHERE status = 'queued'", "FROM ONLY axa_queue WHERE id = %(id)s AND status = 'queued'"
 ).replace("'traceback', ''))\nFROM never", "'traceback', ''))" + _REFUSED_ENTRY.format(when="true", source="never"))
 assert FAIL_NEVER_DUE_ONE.count("%(id)s") == 1, "FAIL_NEVER_DUE changed shape"
-assert "SELECT id FROM never" in NEVER_DUE_IDS, "FAIL_NEVER_DUE changed shape"
+assert "SELECT id FROM never" in NEVER_DUE_IDS and "%(skip)s" in NEVER_DUE_IDS, "FAIL_NEVER_DUE changed shape"
 
 # What the worker waits out and reconnects through, never a row's fault: a lost or refused
 # connection, a timeout, and a server that became read-only under it (a demoted primary,
@@ -133,14 +152,15 @@ def each(
     write: Callable[[K, str | None], Any],
     refusal: Callable[[BaseException], bool],
     what: str,
+    refused: dict[K, str] | None = None,
 ) -> dict[K, str]:
     """Write each key alone (``write(key, None)``, a transaction of its own); return those refused, with why.
 
     A key refused as it is goes once more in place (``write(key, why)``, ``why`` the
     first refusal). ``refusal`` tells a refused row from a lost connection or a timeout,
-    which ends the round (raised to the caller).
+    which ends the round (raised to the caller); ``refused``, if given, is filled as it goes.
     """
-    refused: dict[K, str] = {}
+    refused = {} if refused is None else refused
     for key in keys:
         try:
             write(key, None)

@@ -120,4 +120,5 @@ class Options:
             "queues": json.dumps(self.queues or []),
             "names": json.dumps(self.handler_names()),
             "backends": json.dumps(self.backends),
+            "lease": self.lease,
         }

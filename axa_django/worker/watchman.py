@@ -36,6 +36,8 @@ Run = Callable[..., list[tuple[Any, ...]] | None]
 RECONCILE_SECONDS = 60.0
 RECONCILE_GRACE = 2.0
 RECONCILE_ROUNDS = 3
+# Refused rows remembered, at most (then the oldest are tried again).
+REFUSED_KEPT = 10_000
 
 
 class _Cut(Exception):
@@ -53,6 +55,8 @@ class Watchman:
         self._next_reconcile = time.monotonic() + RECONCILE_SECONDS
         self._opened = opened()  # connections opened when last reconciled
         self._reconcile_rounds = 0  # reconciles still due after a reconnect
+        # Rows the database refused to write even in place: passed over, each said once.
+        self._refused: dict[Any, str] = {}
 
     def reconcile(self, run: Run) -> None:
         """Queue again the rows running under this worker that it no longer holds (a crash, a failover).
@@ -106,9 +110,8 @@ class Watchman:
             logger.error("settling workflow children was refused (%s); settling them in place, in axa_queue", error)
             run(dependencies.SWEEP, {}, in_place=True)
 
-    @staticmethod
     def _isolated(
-        run: Run, statement: str, candidates: str, one: str, params: dict[str, Any], what: str
+        self, run: Run, statement: str, candidates: str, one: str, params: dict[str, Any], what: str
     ) -> list[tuple[Any, ...]] | None:
         """Run ``statement``; if the database refuses it for one row's sake, write its rows one at a time.
 
@@ -120,7 +123,7 @@ class Watchman:
             return run(statement, params, refusable=True)
         except refused.Refused as error:
             logger.error("the %s statement was refused (%s); writing its rows one at a time", what, error)
-        ids = run(candidates, params)
+        ids = run(candidates, {**params, "skip": list(self._refused)})
         if not ids:
             return None
         rows: list[tuple[Any, ...]] = []
@@ -134,7 +137,9 @@ class Watchman:
             rows.extend(written)
 
         with contextlib.suppress(_Cut):  # the rest at the next round
-            refused.each([row[0] for row in ids], write, lambda e: isinstance(e, refused.Refused), what)
+            refused.each([row[0] for row in ids], write, lambda e: isinstance(e, refused.Refused), what, self._refused)
+        while len(self._refused) > REFUSED_KEPT:
+            del self._refused[next(iter(self._refused))]
         return rows
 
     def watch(self, run: Run) -> None:
