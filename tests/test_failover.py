@@ -23,7 +23,7 @@ from typing import IO, Any
 import psycopg
 import pytest
 
-from tests import clusters
+from tests import clusters, docs_examples
 from tests.conftest import ROOT, wait_for
 
 pytestmark = pytest.mark.skipif(clusters.unavailable() is not None, reason=str(clusters.unavailable()))
@@ -222,6 +222,19 @@ def test_a_worker_on_a_standby_says_so_waits_and_works_once_it_is_promoted(ha: H
     wait_for(lambda: all_completed(standby, total), timeout=90, what="the jobs done once promoted")
     assert set(runs(log)) == {str(i) for i in range(total)}
     stop_workers(ha, [proc])
+
+
+def test_the_deployment_pages_settings_and_url_say_the_same() -> None:
+    from axa_django.devdb import parse_url
+
+    [block] = [b for b in docs_examples.page_blocks("docs/deployment.md") if "a primary and its standby" in b.key]
+    namespace: dict[str, Any] = {}
+    exec(block.code, namespace)
+    written = namespace["DATABASES"]["default"]
+    page = (ROOT / "docs/deployment.md").read_text()
+    url = page.split("`DATABASE_URL=", 1)[1].split("`", 1)[0]
+    parsed = parse_url(url)
+    assert {key: parsed[key] for key in written} == written
 
 
 def test_one_url_of_several_hosts_becomes_the_host_and_port_lists_libpq_reads() -> None:
