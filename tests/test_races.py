@@ -171,6 +171,13 @@ def _rescue(actor: Actor, s: Subject) -> int:
     return len(actor.worker_conn.execute(sql.RESCUE, params).fetchall())
 
 
+def _reconcile(actor: Actor, s: Subject) -> int:
+    # As the watchman runs it for a worker that no longer holds the row (a crash lost its
+    # outcome): nothing held, no grace, so this row is the one it takes.
+    params = {"worker": s.worker, "held": [], "grace": 0}
+    return len(actor.worker_conn.execute(sql.RECONCILE, params).fetchall())
+
+
 def _heartbeat(actor: Actor, s: Subject) -> int:
     row = actor.worker_conn.execute(sql.HEARTBEAT, {"worker": s.worker, "ids": [s.id]}).fetchone()
     return len(row[1])
@@ -255,6 +262,7 @@ MOVES = {
         Move("FINISH failed", _finish(lambda s: raised(s.claimed, s.function, s.worker), "failed"), "worker"),
         Move("FINISH retry", _finish(lambda s: raised(s.claimed, s.function, s.worker), "queued"), "worker"),
         Move("RESCUE", _rescue, "worker"),
+        Move("RECONCILE", _reconcile, "worker"),
         Move("HEARTBEAT", _heartbeat, "worker"),
         Move("RELEASE", _release, "worker"),
         Move("UNCLAIM", _unclaim, "worker"),
@@ -343,6 +351,13 @@ PAIRS = [
     ("stale live",      "REQUEUE_STALE", "FINISH ok",       W, 1, "completed@history",    1, "completed@history"),
     ("ahead",           "MARK_STARTED",  "FINISH ok",       W, 1, "completed@history",    1, "completed@history"),
     ("ahead",           "UNCLAIM",       "FINISH ok",       W, 0, "queued@queue",         1, "completed@history"),
+    # The reconcile (a crash lost what the worker wrote) takes only rows no one holds a lock on.
+    ("running",         "FINISH ok",     "RECONCILE",       C, 0, "completed@history",    0, "running@queue"),
+    ("running",         "RECONCILE",     "FINISH ok",       W, 0, "queued@queue",         1, "completed@history"),
+    ("running",         "RECONCILE",     "cancel",          W, 1, "cancelled@history",    1, "running+cancel@queue"),
+    ("running",         "cancel",        "RECONCILE",       C, 0, "running+cancel@queue", 0, "running@queue"),
+    ("dead",            "RESCUE",        "RECONCILE",       C, 0, "queued@queue",         0, "running@queue"),
+    ("running",         "RECONCILE",     "CLAIM",           C, 0, "queued@queue",         0, "running@queue"),
     ("running",         "cancel",        "FINISH ok",       W, 1, "completed@history",    1, "completed@history"),
     ("running",         "cancel",        "HEARTBEAT",       C, 0, "running+cancel@queue", 0, "running@queue"),
     ("running",         "RELEASE",       "FINISH ok",       W, 0, "queued@queue",         1, "completed@history"),
@@ -428,6 +443,7 @@ MOVERS = [
     ("dead+spent",      "RESCUE"),         # -> failed, moved by axa_history_keep
     ("running",         "RELEASE"),        # -> queued, in place
     ("ahead",           "UNCLAIM"),        # -> queued, in place
+    ("running",         "RECONCILE"),      # -> queued, in place
     ("queued",          "CLAIM"),          # -> running, in place
     ("queued",          "cancel"),         # -> cancelled, moved by axa_history_keep
     ("seed stale",      "seed FINISH"),    # -> completed, moved by axa_history_keep
