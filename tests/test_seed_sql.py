@@ -123,3 +123,41 @@ def test_storage_parameters_and_indexes_are_in_place():
         ready = cursor.fetchone()[0]
     assert "fillfactor=70" in options and "autovacuum_vacuum_scale_factor=0.01" in options
     assert ready.endswith("(run_at) WHERE (status = 'queued'::text)")
+
+
+def test_the_seeds_requeue_stale_spares_a_live_workers_job_and_takes_a_dead_ones(workers):
+    """A mixed fleet keeps the liveness promise: the seed's REQUEUE_STALE, run verbatim by a
+    Rust service at its start, leaves a job whose Django worker beats (however long it has
+    run) and requeues it once that worker is dead (its heartbeat older than its lease)."""
+    import signal
+
+    from axa_django import conf
+    from tests.conftest import wait_for
+    from tests.testapp import jobs
+
+    proc = workers.start("--concurrency", "1")
+    job = jobs.slow.perform_later(120)
+    wait_for(lambda: Job.objects.get(pk=job.pk).status == "running", what="the job running")
+    owner = Job.objects.get(pk=job.pk).worker_id
+    assert owner is not None
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE axa_queue SET started_at = now() - interval '2 hours' WHERE id = %s", [job.pk])
+    run(REQUEUE_STALE, "60")
+    row = Job.objects.get(pk=job.pk)
+    assert (row.status, row.worker_id) == ("running", owner)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    lease = float(conf.get("LEASE_SECONDS"))
+
+    def stale() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT heartbeat_at < now() - make_interval(secs => %s) FROM axa_worker WHERE id = %s",
+                [lease, row.worker_id],
+            )
+            found = cursor.fetchone()
+        return found is None or bool(found[0])
+
+    wait_for(stale, timeout=lease * 4, what="the killed worker's heartbeat older than its lease")
+    run(REQUEUE_STALE, "60")
+    assert Job.objects.get(pk=job.pk).status == "queued"
