@@ -133,6 +133,18 @@ def runs(log: Path) -> Counter[str]:
     return Counter(line.split()[0] for line in log.read_text().splitlines())
 
 
+def drained(cluster: clusters.Cluster, total: int, log: Path, since: float, what: str, timeout: float) -> None:
+    """Wait until every job is completed on ``cluster``, each having run at least once; say how long it took."""
+    try:
+        wait_for(lambda: all_completed(cluster, total), timeout=timeout, what=f"every job completed after the {what}")
+    except AssertionError as error:
+        raise AssertionError(f"{error}; rows per status now: {statuses(cluster)}") from None
+    ran = runs(log)
+    assert set(ran) == {str(i) for i in range(total)}
+    twice = sum(1 for n in ran.values() if n > 1)
+    print(f"{what}: all {total} completed {time.monotonic() - since:.1f}s after it; run twice: {twice}")
+
+
 def stop_workers(ha: HA, procs: list[subprocess.Popen[str]]) -> None:
     for proc in procs:
         assert proc.poll() is None, "a worker died:\n" + ha.output(proc)[-3000:]
@@ -152,17 +164,7 @@ def test_a_crash_of_the_server_mid_drain_strands_no_job(ha: HA, tmp_path: Path) 
     crashed = time.monotonic()
     primary.stop("immediate")
     primary.start()
-    wait_for(
-        lambda: all_completed(primary, total),
-        timeout=120,
-        what=f"every job completed after the crash (rows per status: {statuses(primary)})",
-    )
-    ran = runs(log)
-    assert set(ran) == {str(i) for i in range(total)}
-    print(
-        f"crash: all {total} completed {time.monotonic() - crashed:.1f}s after it; "
-        f"run twice: {sum(1 for n in ran.values() if n > 1)}"
-    )
+    drained(primary, total, log, crashed, "crash", timeout=120)
     stop_workers(ha, procs)
 
 
@@ -191,17 +193,8 @@ def test_a_failover_to_the_promoted_standby_strands_and_loses_no_job(ha: HA, tmp
     failed_at = time.monotonic()
     primary.stop("immediate")
     standby.promote()
-    wait_for(
-        lambda: all_completed(standby, total),
-        timeout=150,
-        what=f"every job completed on the promoted standby (rows per status: {statuses(standby)})",
-    )
-    ran = runs(log)
-    assert set(ran) == {str(i) for i in range(total)}
-    print(
-        f"failover ({'synchronous' if sync else 'asynchronous'}): all {total} completed "
-        f"{time.monotonic() - failed_at:.1f}s after it; run twice: {sum(1 for n in ran.values() if n > 1)}"
-    )
+    mode = "synchronous" if sync else "asynchronous"
+    drained(standby, total, log, failed_at, f"failover ({mode}) to the promoted standby", timeout=150)
     stop_workers(ha, procs)
 
 
