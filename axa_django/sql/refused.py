@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from . import FAIL_NEVER_DUE, RESCUE
+from . import FAIL_NEVER_DUE, RECONCILE, RESCUE
 
 logger = logging.getLogger("axa_django")
 
@@ -109,6 +109,16 @@ assert "SELECT id FROM never" in NEVER_DUE_IDS and "%(skip)s" in NEVER_DUE_IDS, 
 # connection, a timeout, and a server that became read-only under it (a demoted primary,
 # a failover that reached a standby).
 OUTAGE = (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.ReadOnlySqlTransaction)
+
+# RECONCILE the same way (a user's trigger refusing one row failed it for every stray row).
+RECONCILE_IDS = (
+    RECONCILE.split("\n)\nUPDATE ONLY axa_queue q")[0].replace(
+        "WHERE worker_id = %(worker)s", "WHERE id <> ALL(%(skip)s::uuid[]) AND worker_id = %(worker)s"
+    )
+    + "\n)\nSELECT id FROM stray ORDER BY id"
+)
+RECONCILE_ONE = RECONCILE.replace("WHERE worker_id = %(worker)s", "WHERE id = %(id)s AND worker_id = %(worker)s")
+assert "%(skip)s" in RECONCILE_IDS and RECONCILE_ONE.count("%(id)s") == 1, "RECONCILE changed shape"
 
 K = TypeVar("K")
 

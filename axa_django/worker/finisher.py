@@ -178,6 +178,7 @@ class Finisher:
             outcome.id,
             why,
         )
+        self.ledger.unwritable(outcome.id)
         return {outcome.id}
 
     def _wake_limited(self, conn: psycopg.Connection[Any] | None, batch: list[Outcome]) -> bool:

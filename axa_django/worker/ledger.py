@@ -49,6 +49,10 @@ class Ledger:
         # outcome per row at a time: a retry is claimed again only once it is written. A
         # set, whose add and difference_update cost a tenth of a Counter's per job.
         self._pending: set[uuid.UUID] = set()
+        # Rows whose outcome the database refused in every form: left running under this
+        # worker until it stops (then the rescue takes them), never reconciled meanwhile,
+        # which ran such a job again every minute with no attempt counted.
+        self._unwritable: set[uuid.UUID] = set()
         self._starts: dict[uuid.UUID, float] = {}  # claimed-ahead jobs started, started_at not yet written
         self._job_seconds: float | None = None  # moving average of a job's run time
         self._stuck: set[int | None] = set()  # job threads given up at their timeout
@@ -78,9 +82,14 @@ class Ledger:
             return list(self._in_flight)
 
     def owned(self) -> list[uuid.UUID]:
-        """Ids of every job whose row this worker still owns: held, or its outcome not yet written."""
+        """Ids of every job whose row this worker still owns: held, its outcome not yet written, or unwritable."""
         with self._lock:
-            return [*self._in_flight, *self._pending]
+            return [*self._in_flight, *self._pending, *self._unwritable]
+
+    def unwritable(self, job_id: uuid.UUID) -> None:
+        """The database refused every form of this job's outcome: its row stays this worker's."""
+        with self._lock:
+            self._unwritable.add(job_id)
 
     def watched(self) -> list[Claimed]:
         """Jobs held that have a timeout."""

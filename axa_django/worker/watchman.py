@@ -74,11 +74,12 @@ class Watchman:
         if self._reconcile_rounds <= 0 and now < self._next_reconcile:
             return
         grace = max(RECONCILE_GRACE, self.options.housekeeping_interval)
-        rows = run(sql.RECONCILE, {"worker": self.worker_id, "held": self.ledger.owned(), "grace": grace})
-        if rows is None:
-            return  # not run (a timeout, no connection): the next round tries again
+        params = {"worker": self.worker_id, "held": self.ledger.owned(), "grace": grace}
+        # Counted as run even when cut short: under a held snapshot its walk grows with every
+        # job this worker ran, and retried at every beat it would eat the rescue's time.
         self._reconcile_rounds -= 1
         self._next_reconcile = now + RECONCILE_SECONDS
+        rows = self._isolated(run, sql.RECONCILE, refused.RECONCILE_IDS, refused.RECONCILE_ONE, params, "reconcile")
         if rows:
             logger.warning(
                 "queued %d job(s) again that were running under this worker but no longer held by it: the "
@@ -143,12 +144,12 @@ class Watchman:
         return rows
 
     def watch(self, run: Run) -> None:
-        """Run what is due."""
-        self.reconcile(run)
+        """Run what is due: the rescue of dead workers' rows first, then this worker's own reconcile."""
         now = time.monotonic()
         if now >= self._next_rescue:
             self._next_rescue = now + self.options.housekeeping_interval
             self.rescue(run)
+        self.reconcile(run)
         if now >= self._next_unhandled:
             self._next_unhandled = now + unhandled.CHECK_SECONDS
             rows = run(sql.UNHANDLED, unhandled.params(self.options.lease))
