@@ -129,3 +129,15 @@ def test_update_and_delete_by_id_reach_a_row_in_the_history() -> None:
     assert rows(done.pk) == [("axa_history", "completed", 5)]
     assert Job.objects.filter(pk=done.pk).delete()[0] == 1
     assert rows(done.pk) == []
+
+
+def test_a_row_whose_json_is_nested_deeper_than_a_copy_can_follow_still_loads_and_saves() -> None:
+    # 600 levels: json decodes it, a deep copy of it would raise RecursionError (the admin's list then failed).
+    job = jobs.add.perform_later(1)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE axa_queue SET args = %s::jsonb WHERE id = %s", ["[" * 600 + "]" * 600, job.pk])
+    loaded = Job.objects.get(pk=job.pk)
+    assert isinstance(loaded.args, list)
+    loaded.priority = 6
+    loaded.save()
+    assert rows(job.pk) == [("axa_queue", "queued", 6)]

@@ -147,12 +147,19 @@ def _taken_message(job_id: Any) -> str:
     )
 
 
+def _copy(value: Any) -> Any:
+    if not isinstance(value, _MUTABLE):
+        return value
+    try:
+        return copy.deepcopy(value)
+    except RecursionError:
+        # JSON nested deeper than a copy can follow (json decodes about twice as deep):
+        # kept as is, so a change made in place to it is not seen; loading never fails.
+        return value
+
+
 def _snapshot(values: dict[str, Any], names: Iterable[str]) -> dict[str, Any]:
-    loaded = {}
-    for name in names:
-        value = values[name]
-        loaded[name] = copy.deepcopy(value) if isinstance(value, _MUTABLE) else value
-    return loaded
+    return {name: _copy(values[name]) for name in names}
 
 
 class _Fetched(DeferredAttribute):
