@@ -16,11 +16,12 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
+
+from tests.conftest import wait_for
 
 SUPERUSER = "postgres"
 
@@ -155,12 +156,12 @@ def remove(root: Path, clusters: list[Cluster]) -> None:
 
 def wait_ready(cluster: Cluster, dbname: str = "postgres", deadline: float = 60) -> None:
     """Until ``cluster`` accepts connections to ``dbname``."""
-    end = time.monotonic() + deadline
-    while True:
+
+    def accepts() -> bool:
         try:
             with cluster.connect(dbname):
-                return
+                return True
         except psycopg.OperationalError:
-            if time.monotonic() > end:
-                raise
-            time.sleep(0.05)
+            return False
+
+    wait_for(accepts, timeout=deadline, what=f"{cluster.name} to accept connections")
