@@ -162,6 +162,7 @@ class Workers:
                 killed = True
             proc.wait(timeout=30)
             if proc.stdout:
+                _print_tail(proc)
                 proc.stdout.close()
         if killed:
             # A killed worker's statement runs on in its backend, taking locks table by
@@ -172,6 +173,16 @@ class Workers:
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
                     "AND pid <> pg_backend_pid() AND application_name LIKE 'axa\\_django %'"
                 )
+
+
+def _print_tail(proc: subprocess.Popen[str]) -> None:
+    """Print what a worker wrote that its test did not read: pytest shows it when the test failed."""
+    assert proc.stdout is not None
+    with contextlib.suppress(OSError, ValueError):
+        os.set_blocking(proc.stdout.fileno(), False)  # a child of the worker may still hold the pipe
+        tail = (proc.stdout.read() or "").splitlines()[-80:]
+        if tail:
+            print(f"-- the last lines of worker {proc.pid} (exit {proc.returncode}):", *tail, sep="\n")
 
 
 @pytest.fixture
