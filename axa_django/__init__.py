@@ -1,5 +1,6 @@
 """axa-django: a PostgreSQL job queue for Django."""
 
+from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
 from .context import JobContext
@@ -19,7 +20,8 @@ __all__ = [
     "enqueue_many",
     "workflow",
 ]
-__version__ = "0.1.0"
+# pyproject.toml's version, the one place it is written (as the installed metadata says it).
+__version__ = _metadata.version("axa-django")
 
 if TYPE_CHECKING:
     from .models import Job
