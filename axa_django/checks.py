@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 import psycopg
+from django.conf import settings
 from django.core import checks
 from django.db import DatabaseError
 
@@ -52,3 +54,52 @@ def check_connection_budget(app_configs: Any = None, databases: Any = None, **kw
         return []
     message, hint = budget.warning_text(found)
     return [checks.Warning(message, hint=hint, id="axa_django.W001")]
+
+
+# The OPTIONS QueueBackend reads (settings.TASKS[alias]["OPTIONS"]).
+TASK_OPTIONS = ("MAX_ATTEMPTS", "BACKOFF")
+QUEUE_BACKEND = "axa_django.backends.QueueBackend"
+
+
+def task_option_problems(alias: str, options: Any) -> list[str]:
+    """What is wrong with a QueueBackend's OPTIONS (none: []), each with how to write it."""
+    where = f"TASKS[{alias!r}]['OPTIONS']"
+    if not isinstance(options, dict):
+        return [f"{where} must be a dict, not {type(options).__name__}"]
+    problems = []
+    for key in sorted(set(options) - set(TASK_OPTIONS), key=str):
+        close = difflib.get_close_matches(str(key), TASK_OPTIONS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        problems.append(f"{where} has an unknown key {key!r}{hint}; known keys: {', '.join(TASK_OPTIONS)}")
+    attempts = options.get("MAX_ATTEMPTS")
+    if attempts is not None and (type(attempts) is not int or attempts < 1):
+        problems.append(f"{where}['MAX_ATTEMPTS'] must be a positive int, not {attempts!r}")
+    backoff = options.get("BACKOFF")
+    if backoff is not None and (isinstance(backoff, bool) or not isinstance(backoff, int | float) or backoff < 0):
+        problems.append(f"{where}['BACKOFF'] must be a number of seconds >= 0, not {backoff!r}")
+    return problems
+
+
+@checks.register()
+def check_task_backends(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E103: a QueueBackend's OPTIONS with a typo or a bad value, reported before an enqueue trips on it.
+
+    Read from settings as written, without importing a tasks framework: the check runs
+    on Django 5.2 without the backport too, and whether or not Django lists its own checks.
+    """
+    tasks = getattr(settings, "TASKS", None)
+    if not isinstance(tasks, dict):
+        return []
+    found: list[checks.CheckMessage] = []
+    for alias, params in tasks.items():
+        if not isinstance(params, dict) or params.get("BACKEND") != QUEUE_BACKEND:
+            continue
+        for problem in task_option_problems(str(alias), params.get("OPTIONS", {})):
+            found.append(
+                checks.Error(
+                    problem,
+                    hint="OPTIONS takes MAX_ATTEMPTS (a positive int) and BACKOFF (seconds >= 0).",
+                    id="axa_django.E103",
+                )
+            )
+    return found

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import unicodedata
 from collections.abc import Iterable
 
@@ -37,10 +38,10 @@ UNION SELECT queue FROM axa_queue_limit
 
 
 def task_backend_aliases() -> list[str]:
-    """settings.TASKS aliases whose backend is axa_django's QueueBackend (none before Django 6.0)."""
-    if django.VERSION < (6, 0):
-        return []
-    # Lazy: backends imports django.tasks, which exists only on Django >= 6.
+    """settings.TASKS aliases whose backend is axa_django's QueueBackend (none without a tasks framework)."""
+    if django.VERSION < (6, 0) and importlib.util.find_spec("django_tasks") is None:
+        return []  # Django 5.2 without the django-tasks backport: no task can name a backend
+    # Lazy: backends imports the tasks framework, which a project may not have (Django 5.2).
     from .backends import queue_backend_aliases
 
     return queue_backend_aliases()

@@ -190,7 +190,7 @@ def _resolve(job: Claimed) -> tuple[Any, Any]:
     A django.tasks row runs through its task runner and its signals have no sender.
     """
     if job.backend is not None:
-        # Lazy: taskrunner imports django.tasks, which exists only on Django >= 6.
+        # Lazy: taskrunner imports the tasks framework, which a project may not have (Django 5.2).
         from .execution.taskrunner import resolver
 
         runner, _ = resolver(job)

@@ -50,7 +50,7 @@ def jobs() -> dict:
 
 
 def tasks() -> dict:
-    from tests.testapp import tasks  # django.tasks: Django >= 6.0 only
+    from tests.testapp import tasks  # django.tasks, or the backport on Django 5.2
 
     ids = {}
     with trace.get_tracer("web").start_as_current_span("GET /signup"):

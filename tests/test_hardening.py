@@ -7,7 +7,6 @@ import signal
 import socket
 from pathlib import Path
 
-import django
 import psycopg
 import pytest
 from django.db import connection, connections
@@ -73,7 +72,6 @@ def test_a_base_exception_from_a_job_fails_the_attempt_and_the_worker_goes_on(wo
     assert fresh(after).status == "completed" and fresh(after).result == 3
 
 
-@pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks needs Django >= 6.0")
 @pytest.mark.parametrize("kind", ["KeyboardInterrupt", "Custom"])
 def test_a_base_exception_from_a_task_fails_it_and_the_worker_goes_on(workers, kind):
     result = hostile_jobs.task_raise_base.enqueue(kind)

@@ -61,6 +61,7 @@ ORDER = [
     "execution.inline",
     # @background_job and the django.tasks backend.
     "registry",
+    "backends.framework",
     "backends",
     "workflows",
     "cron",

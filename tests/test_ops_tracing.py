@@ -22,7 +22,8 @@ needs_sdk = pytest.mark.skipif(
 
 
 needs_tasks = pytest.mark.skipif(
-    importlib.util.find_spec("django.tasks") is None, reason="django.tasks (and QueueBackend) need Django >= 6.0"
+    importlib.util.find_spec("django.tasks") is None and importlib.util.find_spec("django_tasks") is None,
+    reason="QueueBackend needs django.tasks (Django >= 6.0) or the django-tasks backport",
 )
 
 

@@ -1,33 +1,41 @@
-"""axa_django.backends.QueueBackend: Django's Tasks API on the axa_queue table (Django >= 6.0)."""
+"""axa_django.backends.QueueBackend: Django's Tasks API on the axa_queue table (django.tasks on
+Django >= 6.0, the django-tasks backport on 5.2)."""
 
 import datetime
 import math
 import os
+import re
+import subprocess
+import sys
 import threading
 import uuid
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("django.tasks", reason="django.tasks (and QueueBackend) need Django >= 6.0")
-
 from asgiref.sync import async_to_sync
+from django.conf import settings
 from django.db import connection, transaction
-from django.tasks import TaskResultStatus, default_task_backend, task, task_backends
-from django.tasks.exceptions import (
-    InvalidTask,
-    InvalidTaskBackend,
-    TaskResultDoesNotExist,
-    TaskResultMismatch,
-)
-from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.test.utils import CaptureQueriesContext, override_settings
 from django.utils import timezone
 
 from axa_django import Job, sql
 from axa_django.backends import QueueBackend
+from axa_django.checks import check_task_backends
 from axa_django.worker import Worker
-from tests.conftest import wait_for
+from tests.conftest import ROOT, wait_for
+from tests.tasks_api import (
+    InvalidTask,
+    InvalidTaskBackend,
+    TaskResultDoesNotExist,
+    TaskResultMismatch,
+    TaskResultStatus,
+    default_task_backend,
+    task,
+    task_backends,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
 from tests.test_performance import explain
 from tests.testapp import jobs, tasks
 
@@ -85,15 +93,36 @@ def test_building_a_backend_and_validating_a_task_touch_no_database():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"NOPE": 1}, "unknown key(s) 'NOPE'"),
-        ({"MAX_ATTEMPTS": 0}, "'MAX_ATTEMPTS'] must be a positive int"),
-        ({"BACKOFF": -1}, "'BACKOFF'] must be a number of seconds >= 0"),
+        ({"NOPE": 1}, "unknown key 'NOPE'"),
+        ({"MAX_ATTEMPT": 3}, "unknown key 'MAX_ATTEMPT' (did you mean 'MAX_ATTEMPTS'?)"),
+        ({"MAX_ATTEMPTS": 0}, "'MAX_ATTEMPTS'] must be a positive int, not 0"),
+        ({"BACKOFF": -1}, "'BACKOFF'] must be a number of seconds >= 0, not -1"),
+        ("3", "must be a dict, not str"),
     ],
 )
-def test_bad_options_are_refused_clearly(options, message):
-    with pytest.raises(InvalidTaskBackend) as raised:
-        QueueBackend("bad", {"OPTIONS": options})
-    assert message in str(raised.value)
+def test_bad_options_are_a_system_check_error_and_refused_at_enqueue(options, message):
+    # Built without raising (Django builds every backend for its own checks), reported by
+    # `manage.py check` (and so at runworker's start), and raised by enqueue, before any SQL.
+    backend = QueueBackend("bad", {"OPTIONS": options})
+    tasks_setting = {**settings.TASKS, "bad": {"BACKEND": "axa_django.backends.QueueBackend", "OPTIONS": options}}
+    with override_settings(TASKS=tasks_setting):
+        found = [m for m in check_task_backends() if m.id == "axa_django.E103"]
+        assert len(found) == 1 and message in found[0].msg, found
+        with CaptureQueriesContext(connection) as queries, pytest.raises(InvalidTaskBackend, match=re.escape(message)):
+            tasks.add.using(backend="bad").enqueue(1)
+    assert len(queries) == 0 and backend.problems
+
+
+def test_a_typo_in_options_stops_check_and_the_worker_start(workers):
+    env = workers.env(AXA_TEST_TASK_OPTIONS='{"MAX_ATTEMPT": 3}')
+    checked = subprocess.run(
+        [sys.executable, "-m", "django", "check"], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert checked.returncode == 1 and "axa_django.E103" in checked.stderr, checked.stderr
+    assert "did you mean 'MAX_ATTEMPTS'?" in checked.stderr
+    proc = workers.start("--burst", env=env)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "axa_django.E103" in output, output
 
 
 def test_check_passes_here_and_reports_a_missing_app_or_another_database():

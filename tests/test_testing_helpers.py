@@ -270,13 +270,11 @@ def test_raise_failures_works_as_a_decorator_and_after_retries(log_file):
         t.async_explode.perform_later("async")
 
 
-# -- django.tasks rows (Django >= 6.0) ----------------------------------------------------
+# -- tasks rows (django.tasks, or the backport on Django 5.2) ---------------------------------
 
 
 def test_run_jobs_runs_django_tasks_rows_of_the_queue_backend():
-    pytest.importorskip("django.tasks", reason="django.tasks needs Django >= 6.0")
-    from django.tasks import TaskResultStatus
-
+    from tests.tasks_api import TaskResultStatus
     from tests.testapp import tasks
 
     done = tasks.add.enqueue(2, b=3)

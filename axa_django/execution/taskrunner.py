@@ -1,6 +1,7 @@
 """The worker's side of django.tasks rows: resolve a row's task path safely and run it.
 
-Imported by the worker only for rows whose ``backend`` is set, so Django < 6.0 never loads it.
+Imported by the worker only for rows whose ``backend`` is set, so a project without a
+tasks framework (Django 5.2 without the django-tasks backport) never loads it.
 """
 
 from __future__ import annotations
@@ -11,14 +12,21 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task_backends
-from django.tasks.base import TaskError
-from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 
 from .. import conf
 from ..arguments import ArgumentsMismatch
 from ..backends import NotATask, QueueBackend, import_task, plain_json, queue_backend_aliases, rebuild_task
+from ..backends.framework import (
+    Task,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultStatus,
+    task_backends,
+    task_finished,
+    task_started,
+)
 from ..exceptions import JobCancelled, TaskRefused, stored_type
 from ..registry import default_backoff
 from . import Claimed, Outcome

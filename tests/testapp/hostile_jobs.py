@@ -6,12 +6,12 @@ import os
 import threading
 import time
 
-import django
 from django.db import connection, transaction
 from django.dispatch import receiver
 
 from axa_django import background_job
 from axa_django.signals import job_enqueued
+from tests.tasks_api import task
 
 
 class Custom(BaseException):
@@ -115,9 +115,6 @@ if os.environ.get("AXA_TEST_SLOW_HOUSEKEEPING"):
             time.sleep(3 * float(os.environ.get("AXA_TEST_LEASE", "3")) + 1)
 
 
-if django.VERSION >= (6, 0):
-    from django.tasks import task
-
-    @task
-    def task_raise_base(kind: str) -> None:
-        raise _KINDS[kind]("raised by the task")
+@task
+def task_raise_base(kind: str) -> None:
+    raise _KINDS[kind]("raised by the task")

@@ -1,4 +1,5 @@
-"""django.tasks tasks for the backend tests (Django >= 6.0); workers import them by path."""
+"""Tasks for the backend tests, defined as a library does (django.tasks on Django >= 6.0, the
+django-tasks backport on 5.2); workers import them by path."""
 
 import asyncio
 import os
@@ -6,7 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-from django.tasks import TaskContext, task
+from tests.tasks_api import TaskContext, task
 
 
 def _mark(path: str, text: str) -> None:

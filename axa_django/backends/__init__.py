@@ -1,4 +1,5 @@
-"""A django.tasks backend (Django >= 6.0) whose tasks are rows of axa_queue, run by runworker.
+"""A tasks backend whose tasks are rows of axa_queue, run by runworker: Django's django.tasks
+(Django >= 6.0) or the django-tasks backport on Django 5.2 (``framework`` picks).
 
 Configure it as::
 
@@ -11,14 +12,6 @@ OPTIONS: ``MAX_ATTEMPTS`` (attempts per task, default AXA_DJANGO['MAX_ATTEMPTS']
 
 from __future__ import annotations
 
-import django
-
-if django.VERSION < (6, 0):
-    raise ImportError(
-        f"axa_django.backends needs Django >= 6.0 (django.tasks); this is Django {django.get_version()}. "
-        "On older versions use axa_django.background_job."
-    )
-
 import dataclasses
 import sys
 import uuid
@@ -28,30 +21,35 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import sync_to_async
 from django.apps import apps
 from django.core import checks
-from django.tasks import Task, TaskResult, TaskResultStatus, task_backends
-from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.base import TaskError
-from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
-from django.tasks.signals import task_enqueued
 from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
 # Only light modules at import time: Django may build this backend while apps load
 # (``@task`` in a models module), before axa_django's models can be imported.
-from . import conf
-from .arguments import MAX_DEPTH, check_json, task_arguments_of
-from .checks import other_vendor
-from .enqueuing.options import MAX_NAME_LENGTH, Options
-from .exceptions import JobCancelled, NotATask, WorkerInterrupted, WorkerLost, stored_type
-from .ops import tracing
+from .. import conf
+from ..arguments import MAX_DEPTH, check_json, task_arguments_of
+from ..checks import other_vendor, task_option_problems
+from ..enqueuing.options import MAX_NAME_LENGTH, Options
+from ..exceptions import JobCancelled, NotATask, WorkerInterrupted, WorkerLost, stored_type
+from ..ops import tracing
+from .framework import (
+    BaseTaskBackend,
+    InvalidTask,
+    InvalidTaskBackend,
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_backends,
+    task_enqueued,
+)
 
 if TYPE_CHECKING:
-    from .models import Job
+    from ..models import Job
 
 __all__ = ["NotATask", "QueueBackend", "WorkerInterrupted", "WorkerLost", "queue_backend_aliases"]
 
-
-_OPTIONS = ("MAX_ATTEMPTS", "BACKOFF")
 
 _STATUSES = {
     # A task row never waits on parents (after= is a background_job option); one set so has not started.
@@ -80,20 +78,12 @@ class QueueBackend(BaseTaskBackend):
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         # Django builds backends at import time (``@task``): no database access here.
         super().__init__(alias, params)
-        if not isinstance(self.options, dict):
-            raise InvalidTaskBackend(f"TASKS[{alias!r}]['OPTIONS'] must be a dict, not {type(self.options).__name__}")
-        unknown = sorted(set(self.options) - set(_OPTIONS))
-        if unknown:
-            raise InvalidTaskBackend(
-                f"TASKS[{alias!r}]['OPTIONS'] has unknown key(s) {', '.join(map(repr, unknown))}; "
-                f"known keys: {', '.join(_OPTIONS)}"
-            )
-        attempts = self.options.get("MAX_ATTEMPTS")
-        if attempts is not None and (type(attempts) is not int or attempts < 1):
-            raise InvalidTaskBackend(f"TASKS[{alias!r}]['OPTIONS']['MAX_ATTEMPTS'] must be a positive int")
-        backoff = self.options.get("BACKOFF")
-        if backoff is not None and (isinstance(backoff, bool) or not isinstance(backoff, int | float) or backoff < 0):
-            raise InvalidTaskBackend(f"TASKS[{alias!r}]['OPTIONS']['BACKOFF'] must be a number of seconds >= 0")
+        # Problems are kept, not raised: Django builds every backend for its system checks,
+        # and check_task_backends (E103) reports them there; enqueue raises them.
+        self.problems = task_option_problems(alias, self.options)
+        options = self.options if isinstance(self.options, dict) else {}
+        attempts = None if self.problems else options.get("MAX_ATTEMPTS")
+        backoff = None if self.problems else options.get("BACKOFF")
         self.max_attempts: int | None = attempts
         self.backoff: float | None = None if backoff is None else float(backoff)
 
@@ -110,8 +100,10 @@ class QueueBackend(BaseTaskBackend):
 
         When tracing, the row carries the enqueuing trace context, as for ``perform_later``.
         """
-        from .enqueuing import rows
+        from ..enqueuing import rows
 
+        if self.problems:
+            raise InvalidTaskBackend("; ".join(self.problems))
         self.validate_task(task)
         stored = _arguments(task, args, kwargs)
         options = Options(
@@ -137,7 +129,7 @@ class QueueBackend(BaseTaskBackend):
         return await sync_to_async(self.get_result, thread_sensitive=True)(result_id)
 
     def _row(self, result_id: Any) -> Job:
-        from .models import Job
+        from ..models import Job
 
         try:
             key = uuid.UUID(str(result_id))
