@@ -177,6 +177,22 @@ def test_enqueue_then_get_result_round_trip():
         tasks.fail.get_result(result.id)
 
 
+def test_worker_ids_after_a_retry_from_the_admin_name_the_run_of_this_round(tmp_path):
+    # A retry queues the row again with attempts 0 and keeps the earlier errors: the new
+    # run's worker is the row's, not the earlier round's attempt 1 (which it was before).
+    marker = tmp_path / "go"
+    result = tasks.wait_for_file.enqueue(str(marker), timeout=0)
+    first = burst()
+    failed = tasks.wait_for_file.get_result(result.id)
+    assert failed.status == TaskResultStatus.FAILED and failed.worker_ids == [str(first.id)]
+    marker.touch()
+    assert Job.objects.get(pk=result.id).retry()
+    second = burst()
+    done = tasks.wait_for_file.get_result(result.id)
+    assert done.status == TaskResultStatus.SUCCESSFUL and done.worker_ids == [str(second.id)], done.worker_ids
+    assert done.attempts == 1 and [e.exception_class for e in done.errors] == [TimeoutError]
+
+
 # The unknown id is a constant: every test process must collect the same test ids.
 @pytest.mark.parametrize("result_id", ["", "not-a-uuid", "1234", "0b6e8d1c-6a0f-4b8e-9d2e-3f1a5c7e9b24"])
 def test_a_malformed_or_unknown_id_does_not_exist(result_id):

@@ -301,11 +301,15 @@ def queue_backend_aliases() -> list[str]:
 
 
 def _worker_ids(job: Job) -> list[str]:
-    """One worker id per attempt: from each attempt's error entry, else the row's worker."""
+    """One worker id per attempt since the row was last queued from attempt 0 (a retry from
+    the admin starts again; ``errors`` keeps the earlier rounds' entries): the running or
+    completed attempt's worker is the row's, earlier ones come from their error entries
+    (the latest entry of an attempt number: a retry's entries come after the round before)."""
     by_attempt = {entry.get("attempt"): entry.get("worker") for entry in job.errors or [] if isinstance(entry, dict)}
+    current = job.status in ("running", "completed") and job.worker_id is not None
     ids = []
     for attempt in range(1, job.attempts + 1):
-        worker = by_attempt.get(attempt)
+        worker = job.worker_id if current and attempt == job.attempts else by_attempt.get(attempt)
         if worker is None and attempt == job.attempts:
             worker = job.worker_id
         ids.append("" if worker is None else str(worker))
