@@ -5,7 +5,7 @@ from django.db import models
 # A library's tasks imported while models load, as a site's apps import their libraries
 # (Wagtail's search imports modelsearch.tasks): the worker runs them because they are
 # imported at start, though tests.tasklib is no installed app (tests/test_tasks_library.py).
-import tests.tasklib.tasks  # noqa: E402, F401, I001
+import tests.tasklib.tasks  # noqa: F401
 
 
 class Effect(models.Model):
