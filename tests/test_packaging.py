@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tomllib
 import zipfile
 from email.parser import Parser
 from pathlib import Path, PurePosixPath
@@ -16,8 +17,11 @@ import pytest
 from tests import docs_examples
 from tests.conftest import ROOT
 
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 # Markdown links and images whose target is a path in the repository, not a URL or an anchor.
 _LOCAL_LINK = re.compile(r"\]\((?!https?://|#|mailto:)([^)\s#]+)")
+# Links to a heading: (the page, empty for the same page; the anchor).
+_ANCHOR_LINK = re.compile(r"\]\((?!https?://|mailto:)([^)\s#]*)#([^)\s]+)\)")
 
 
 # What .gitignore leaves out of a checkout: virtualenvs, caches, build output, benchmark data.
@@ -28,6 +32,11 @@ _NOT_SOURCE = shutil.ignore_patterns(
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_dist(tmp_path_factory)
+
+
+def build_dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sdist and the wheel of this checkout, built offline into a new folder (returned)."""
     pytest.importorskip("build", reason="pip install -e '.[dev]' installs build")
     out = tmp_path_factory.mktemp("dist")
     # A copy of the checkout: setuptools stages the sdist inside the tree it builds, and two
@@ -56,23 +65,51 @@ def _sdist(dist: Path) -> dict[str, bytes]:
         }
 
 
-def test_the_sdist_holds_the_package_license_and_docs_and_no_test_suite(dist):
+def _package_files() -> set[str]:
+    """The checkout's package: code, migrations, templates, static files, py.typed (no caches)."""
+    return {
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "axa_django").rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+    }
+
+
+def test_the_sdist_holds_what_manifest_in_says(dist):
     files = _sdist(dist)
-    assert {"LICENSE", "README.md", "CHANGELOG.md", "pyproject.toml", "docs/install.md"} <= set(files)
+    docs = {path.relative_to(ROOT).as_posix() for path in (ROOT / "docs").rglob("*") if path.is_file()}
+    # MANIFEST.in: the package, LICENSE, README, CHANGELOG, docs/ whole and the benchmarks' history
+    # (docs/performance.md links to it); setuptools adds its metadata.
+    made = {"PKG-INFO", "setup.cfg", "pyproject.toml", "MANIFEST.in"}
+    made |= {name for name in files if name.startswith("axa_django.egg-info/")}
+    wanted = {"LICENSE", "README.md", "CHANGELOG.md", "benchmarks/HISTORY.md"} | docs | _package_files()
+    assert set(files) - made == wanted, (sorted(set(files) - made - wanted), sorted(wanted - set(files)))
     assert "axa_django/migrations/0001_initial.py" in files and "axa_django/py.typed" in files
     assert b"MIT License" in files["LICENSE"] and b"The axa-django authors" in files["LICENSE"]
     # All of the test suite or none of it: none (it needs the whole repository).
-    assert not [name for name in files if name.startswith(("tests/", "example_project/", "benchmarks/"))]
+    assert not [name for name in files if name.startswith(("tests/", "example_project/", "benchmarks/results/"))]
     assert not [name for name in files if "__pycache__" in name or name.endswith(".pyc")]
 
 
 def test_every_local_link_of_the_readme_and_docs_resolves_inside_the_sdist(dist):
     files = _sdist(dist)
-    for page in ["README.md", *sorted(name for name in files if name.startswith("docs/") and name.endswith(".md"))]:
+    for page in ["README.md", "CHANGELOG.md", *sorted(n for n in files if n.endswith(".md") and "/" in n)]:
         base = PurePosixPath(page).parent
         for target in _LOCAL_LINK.findall(files[page].decode()):
             resolved = str(PurePosixPath(*_normalised(base / target)))
             assert resolved in files, f"{page} links to {target}, which the sdist does not hold"
+        for target, anchor in _ANCHOR_LINK.findall(files[page].decode()):
+            resolved = str(PurePosixPath(*_normalised(base / target))) if target else page
+            assert anchor in _anchors(files[resolved].decode()), f"{page} links to {target}#{anchor}: no such heading"
+
+
+def _anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    seen: dict[str, int] = {}
+    prose = re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M)
+    for heading in re.findall(r"^#{1,6} (.+)$", prose, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1  # a second "Usage" is "usage-1"
+    return {slug if n == 0 else f"{slug}-{n}" for slug, count in seen.items() for n in range(count + 1)}
 
 
 def _normalised(path: PurePosixPath) -> list[str]:
@@ -91,9 +128,12 @@ def test_the_wheel_holds_the_package_only_with_license_and_extras(dist):
         names = wheel.namelist()
         (metadata_name,) = [n for n in names if n.endswith(".dist-info/METADATA")]
         metadata = Parser().parsestr(wheel.read(metadata_name).decode())
-    assert all(n.startswith(("axa_django/", "axa_django-")) for n in names), names
+    assert all(n.startswith(("axa_django/", f"axa_django-{VERSION}.dist-info/")) for n in names), names
+    # Every file of the package, code or not (templates, static files, py.typed, migrations).
+    assert {n for n in names if n.startswith("axa_django/")} == _package_files()
     assert "axa_django/templates/admin/axa_django/dashboard.html" in names
     assert "axa_django/management/commands/runworker.py" in names
+    assert "axa_django/migrations/0001_initial.py" in names and "axa_django/py.typed" in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert metadata["License-Expression"] == "MIT"
     assert {"binary", "c", "embedded", "cron", "dev"} <= set(metadata.get_all("Provides-Extra"))
@@ -150,4 +190,16 @@ def test_the_install_lines_of_the_readme_and_install_md_work_today(dist, tmp_pat
     for target, proc in runs:
         out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, out
-        assert list(target.glob("axa_django-0.1.0.dist-info")), sorted(p.name for p in target.iterdir())
+        assert list(target.glob(f"axa_django-{VERSION}.dist-info")), sorted(p.name for p in target.iterdir())
+
+
+def test_twine_check_passes_on_the_sdist_and_the_wheel(dist):
+    """What the package index checks on upload: the metadata, and README as the project's page."""
+    pytest.importorskip("twine", reason="pip install -e '.[dev]' installs twine")
+    files = sorted(str(path) for path in dist.iterdir())
+    assert len(files) == 2, files
+    checked = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", *files], capture_output=True, text=True, timeout=120
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.count("PASSED") == 2, checked.stdout
