@@ -742,3 +742,57 @@ def test_a_cancel_asked_of_a_running_job_survives_a_retry_of_its_attempt(setup_c
     check_invariants([s.id])
     job = Job.objects.get(pk=s.id)
     assert job.status == "cancelled", f"cancelled, then its attempt failed: the job is {job.status}, to run again"
+
+
+# 4. An attempt lost to the database (its connection died under the job, issue 45): the
+# finisher writes it through FINISH's retry branch, which gives the attempt back and
+# counts a loss, and fails the job once its losses reach max_losses ("+spent": 1).
+
+
+def _lost(s: Subject) -> Any:
+    from axa_django.execution import lost
+
+    assert s.claimed is not None
+    return lost(s.claimed, "server closed the connection unexpectedly", "Traceback ...", s.worker)
+
+
+MOVES["FINISH lost"] = Move("FINISH lost", _finish(_lost, "queued"), "worker")
+STATES["running+spent"] = lambda conn: _running(conn, losses=1)
+
+# fmt: off
+LOST = [
+    # state             A holds the row  B meets it      waits commit: B, row             rollback: B, row
+    ("running",         "FINISH lost",   "cancel",          W, 1, "cancelled@history",    1, "running+cancel@queue"),
+    ("running",         "cancel",        "FINISH lost",     W, 1, "cancelled@history",    1, "queued@queue"),
+    ("running",         "FINISH lost",   "CLAIM",           C, 0, "queued@queue",         0, "running@queue"),
+    ("running",         "FINISH lost",   "RECONCILE",       C, 0, "queued@queue",         0, "running@queue"),
+    ("running",         "FINISH lost",   "RELEASE",         W, 0, "queued@queue",         1, "queued@queue"),
+    ("dead",            "RESCUE",        "FINISH lost",     W, 0, "queued@queue",         1, "queued@queue"),
+    ("dead",            "FINISH lost",   "RESCUE",          C, 0, "queued@queue",         0, "running@queue"),
+    ("running+spent",   "FINISH lost",   "cancel",          W, 0, "failed@history",       1, "running+cancel@queue"),
+    ("running+spent",   "FINISH lost",   "retry",           C, 0, "failed@history",       0, "running@queue"),
+    ("running+spent",   "cancel",        "FINISH lost",     W, 1, "failed@history",       1, "failed@history"),
+    ("dead+spent",      "RESCUE",        "FINISH lost",     W, 0, "failed@history",       1, "failed@history"),
+]
+# fmt: on
+
+
+def _lost_pairs() -> Iterator[Any]:
+    for state, a, b, waits, b_commit, row_commit, b_rollback, row_rollback in LOST:
+        for commit, expected in ((True, (b_commit, row_commit)), (False, (b_rollback, row_rollback))):
+            end = "commit" if commit else "rollback"
+            yield pytest.param(state, a, b, waits, commit, expected, id=f"{state}: {a} vs {b}, {end}")
+
+
+@pytest.mark.parametrize(("state", "a", "b", "waits", "commit", "expected"), list(_lost_pairs()))
+def test_an_attempt_lost_to_the_database_meets_statement(
+    actors: tuple[Actor, Actor, Actor],
+    setup_conn: psycopg.Connection[Any],
+    state: str,
+    a: str,
+    b: str,
+    waits: bool,
+    commit: bool,
+    expected: tuple[int, str],
+) -> None:
+    test_statement_meets_statement(actors, setup_conn, state, a, b, waits, commit, expected)

@@ -17,10 +17,10 @@ from typing import Any
 
 import psycopg
 from asgiref.sync import async_to_sync
-from django.db import connections
+from django.db import InterfaceError, OperationalError, connections
 from django.db.backends.signals import connection_created
 
-from .. import dependencies, sql
+from .. import conf, dependencies, sql
 from ..arguments import ArgumentsMismatch, encode, prepare_call
 from ..context import JobCancelled, JobContext, JobTimeout, run_cancellable
 from ..exceptions import BadResult, BadRow, LeakedTransaction, NoHandler, stored_type
@@ -72,6 +72,9 @@ class Outcome:
     started: float | None = None
     # The job completed its row itself (JobContext.complete_in_transaction): nothing is left to write.
     self_completed: bool = False
+    # Lost to the database (its connection died under it): the default max_losses, for
+    # FINISH to count a loss instead of an attempt; None for any other outcome.
+    lost: int | None = None
 
 
 @tracing.traced
@@ -187,6 +190,9 @@ def failure(job: Claimed, function: Any, error: BaseException, worker_id: uuid.U
     if isinstance(error, JobCancelled):
         logger.info("job %s %s cancelled", job.name, job.id)
         return Outcome(job.id, job.name, job.attempt, "cancelled", error=text, entry=entry)
+    # A worker's attempt only: inline, the connection is the caller's, and its transaction died with it.
+    if worker_id is not None and database_lost(error):
+        return lost(job, message, text, worker_id)
     allowed = job.max_attempts or (function.attempts_allowed if function else 1)
     permanent = function is None or isinstance(error, ArgumentsMismatch | BadResult | BadRow | NoHandler)
     if not permanent and job.attempt < allowed:
@@ -205,6 +211,59 @@ def failure(job: Claimed, function: Any, error: BaseException, worker_id: uuid.U
     return Outcome(job.id, job.name, job.attempt, "failed", error=text, entry=entry)
 
 
+# What a connection that died under the job raises (psycopg's, and Django's wrappers of them).
+_CONNECTION_ERRORS = (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
+LOST_TYPE = "DatabaseLost"
+
+
+def database_lost(error: BaseException) -> bool:
+    """Whether ``error`` is the database going away under the job, not the job's own failure.
+
+    It must be (or be caused by) a connection error, and one of this thread's Django
+    connections must be broken now: a statement_timeout, a deadlock or a lock timeout
+    raise OperationalError too, on a connection that still works, and are the job's.
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen and not isinstance(cause, _CONNECTION_ERRORS):
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    if cause is None or id(cause) in seen or not _connected.opened:
+        return False
+    for connection in connections.all(initialized_only=True):
+        raw = connection.connection
+        if raw is not None and (raw.closed or raw.broken):
+            return True
+    return False
+
+
+def lost(job: Claimed, message: str, text: str, worker_id: uuid.UUID | None) -> Outcome:
+    """The outcome of an attempt whose database connection died under it (``message``: what it raised):
+    queued again, its attempt given back and a loss counted (FINISH fails it past max_losses), as for
+    a worker that died."""
+    reason = " ".join(message.split())
+    logger.warning(
+        "job %s %s lost its database connection (%s); it is queued again without using an attempt "
+        "(a loss is counted: max_losses bounds them)",
+        job.name,
+        job.id,
+        reason,
+    )
+    entry = json.dumps(
+        {
+            "attempt": job.attempt,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "worker": str(worker_id) if worker_id else None,
+            "type": LOST_TYPE,
+            # FINISH writes the message with the loss's count; this one stays if it cannot.
+            "message": f"the job's database connection was lost ({reason})",
+            "traceback": text,
+        }
+    )
+    allowed = int(conf.get("MAX_LOSSES"))
+    return Outcome(job.id, job.name, job.attempt, "queued", error=text, entry=entry, lost=allowed)
+
+
 def _bounded(delay: float) -> float:
     """A backoff's delay as a time Python can load: NaN and negatives are 0, infinity a thousand years."""
     return min(delay, MAX_DELAY_SECONDS) if delay >= 0 else 0.0
@@ -215,9 +274,10 @@ def _as_json(o: Outcome) -> str:
     error = "null" if o.error is None else json.dumps(o.error)
     result = "null" if o.result is None else '{"v":' + o.result + "}"
     started = "null" if o.started is None else repr(o.started)
+    lost = "" if o.lost is None else f',"lost":{o.lost}'
     return (
         f'{{"id":"{o.id.hex}","status":"{o.status}","delay":{o.delay!r},"error":{error},"result":{result},'
-        f'"entry":{o.entry or "null"},"started":{started}}}'
+        f'"entry":{o.entry or "null"},"started":{started}{lost}}}'
     )
 
 

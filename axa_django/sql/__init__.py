@@ -46,6 +46,13 @@ from .claims import (
     compose as compose,
 )
 
+# An attempt lost to the database (its connection died under the job; execution.lost) is
+# counted as RESCUE counts a dead worker's: its attempt given back, a loss counted, and
+# past max_losses (the outcome's "lost": the default, unless the row has its own) the job
+# fails, moved into the history by axa_history_keep.
+_LOSSES = "(LEAST(q.losses, 2147483646) + 1)"
+_SPENT = f"(v.lost IS NOT NULL AND {_LOSSES} >= COALESCE(q.max_losses, v.lost))"
+
 # Record outcomes; a row is only written while still running under this worker. (A retry
 # of a job whose cancel was asked meanwhile ends it cancelled: the axa_queue_requeue guard.) The
 # batch comes as one JSON array (execution.finish), a single parameter to send: the
@@ -67,7 +74,8 @@ HISTORY_COLUMNS = (
 _FINISH_WRITES = f"""
 WITH v AS MATERIALIZED (
     SELECT * FROM jsonb_to_recordset(%(outcomes)s::jsonb)
-        AS v(id uuid, status text, error text, result jsonb, entry jsonb, delay float8, started float8)
+        AS v(id uuid, status text, error text, result jsonb, entry jsonb, delay float8, started float8,
+            lost int)
 ), gone AS (
     DELETE FROM ONLY axa_queue q
     WHERE q.id = ANY(ARRAY(SELECT id FROM v WHERE status <> 'queued')) AND q.status || '' = 'running'
@@ -87,10 +95,25 @@ WITH v AS MATERIALIZED (
     RETURNING id
 ), retried AS (
     UPDATE ONLY axa_queue q
-    SET status = 'queued', error = v.error, result = v.result -> 'v',
-        errors = CASE WHEN v.entry IS NULL THEN q.errors ELSE q.errors || jsonb_build_array(v.entry) END,
-        run_at = now() + make_interval(secs => v.delay), started_at = NULL, worker_id = NULL,
-        finished_at = NULL, updated_at = now()
+    SET status = CASE WHEN {_SPENT} THEN 'failed' ELSE 'queued' END,
+        error = CASE WHEN {_SPENT} THEN format(
+            'DatabaseLost: the database connection of this job was lost %%s times (max_losses %%s), so the job '
+            'failed; if the job itself ends its connection (pg_terminate_backend, a timeout that ends sessions), '
+            'fix that, then retry it. The last error:', {_LOSSES}, COALESCE(q.max_losses, v.lost))
+            || chr(10) || v.error ELSE v.error END,
+        result = v.result -> 'v',
+        errors = CASE WHEN v.entry IS NULL THEN q.errors ELSE q.errors || jsonb_build_array(v.entry || CASE
+            WHEN v.lost IS NULL THEN '{{}}'::jsonb
+            ELSE jsonb_build_object('message', format('the database connection of this job was lost (loss %%s of %%s '
+                'allowed); %%s', {_LOSSES}, COALESCE(q.max_losses, v.lost), CASE WHEN {_SPENT} THEN 'the job failed'
+                ELSE 'the job was queued again, no attempt used' END)) END) END,
+        run_at = CASE WHEN {_SPENT} THEN q.run_at ELSE now() + make_interval(secs => v.delay) END,
+        started_at = CASE WHEN {_SPENT} THEN q.started_at END,
+        worker_id = CASE WHEN {_SPENT} THEN q.worker_id END,
+        finished_at = CASE WHEN {_SPENT} THEN now() END,
+        attempts = CASE WHEN v.lost IS NULL OR {_SPENT} THEN q.attempts ELSE GREATEST(q.attempts - 1, 0) END,
+        losses = CASE WHEN v.lost IS NULL THEN q.losses ELSE {_LOSSES} END,
+        updated_at = now()
     FROM v
     WHERE q.id = ANY(ARRAY(SELECT id FROM v WHERE status = 'queued')) AND q.id = v.id
       AND q.status || '' = 'running' AND q.worker_id IS NOT DISTINCT FROM %(worker)s
@@ -108,9 +131,10 @@ FINISH = f"""{_FINISH_WRITES}SELECT {NO_FLUSH},
 # ids and start times as two arrays, which the server reads at 0.6 us a row less than the
 # JSON outcomes (benchmarks/results/pg15-finish-completed-ab.txt).
 _OUTCOMES = """SELECT * FROM jsonb_to_recordset(%(outcomes)s::jsonb)
-        AS v(id uuid, status text, error text, result jsonb, entry jsonb, delay float8, started float8)"""
+        AS v(id uuid, status text, error text, result jsonb, entry jsonb, delay float8, started float8,
+            lost int)"""
 _COMPLETED = """SELECT id, 'completed'::text AS status, NULL::text AS error, '{"v": null}'::jsonb AS result,
-        NULL::jsonb AS entry, 0::float8 AS delay, started
+        NULL::jsonb AS entry, 0::float8 AS delay, started, NULL::int AS lost
     FROM unnest(%(ids)s::uuid[], %(started)s::float8[]) AS v(id, started)"""
 FINISH_COMPLETED = FINISH.replace(_OUTCOMES, _COMPLETED)
 assert FINISH_COMPLETED != FINISH, "FINISH lost its outcomes"
