@@ -129,6 +129,7 @@ class DispatcherConnection:
         self.options, self.control, self.ledger = options, control, ledger
         self._conn: psycopg.Connection[Any] | None = None
         self._failing_since: float | None = None
+        self._lost_at: float | None = None  # when the connection was lost, until another is open
 
     def open_first(self) -> bool:
         """Connect, waiting for a server that is not up yet; False if stopped first, CannotConnect if refused."""
@@ -187,6 +188,7 @@ class DispatcherConnection:
         """A statement run on ``current()`` failed: log it, drop a broken connection, back off."""
         logger.warning("claiming %s failed (%s); trying again shortly", what, error)
         if isinstance(error, refused.OUTAGE):
+            self._lost()
             self.close()
         self.control.aborting.wait(0.2)
 
@@ -215,6 +217,13 @@ class DispatcherConnection:
                 self._conn = self._reconnect()
                 if self._conn is None:
                     return None
+                if self._lost_at is not None:
+                    # Said once, at INFO: the outage's warnings alone left it unsaid that it had ended.
+                    logger.info(
+                        "the database is back: the dispatcher reconnected after %.1fs; claiming again",
+                        time.monotonic() - self._lost_at,
+                    )
+                    self._lost_at = None
             with contextlib.ExitStack() as stack:
                 if bounded:
                     stack.enter_context(self._conn.transaction())
@@ -230,6 +239,7 @@ class DispatcherConnection:
                 logger.warning("dispatcher statement cut short (%s); trying again later", error)
                 return None
             logger.warning("dispatcher lost the database (%s); reconnecting", error)
+            self._lost()
             self.close()
             self.control.aborting.wait(0.2)
             return None
@@ -246,6 +256,10 @@ class DispatcherConnection:
             return None
         self._failing_since = None
         return rows
+
+    def _lost(self) -> None:
+        if self._lost_at is None:
+            self._lost_at = time.monotonic()
 
     def bounded(
         self, query: str, params: dict[str, Any], *, in_place: bool = False, refusable: bool = False

@@ -22,6 +22,7 @@ from ..sql import refused
 from .connection import close, connect
 from .control import Control
 from .ledger import Ledger
+from .logs import Summary
 from .lookout import Lookout
 from .options import Options
 from .watchman import Watchman
@@ -52,6 +53,7 @@ class Heartbeat:
         self.options, self.worker_id, self.control, self.ledger = options, worker_id, control, ledger
         # After a beat, when due: the look behind the lanes' floors, the rescue, the look for unhandled jobs.
         self.lookout, self.watchman = lookout, watchman
+        self.summary = Summary(worker_id)
 
     def touch_health_file(self) -> None:
         """Touch the health file, if the worker has one (an error is logged: jobs still run)."""
@@ -73,6 +75,8 @@ class Heartbeat:
             conn = connect(self.options.using, "heartbeat")
         while not self.control.done.wait(max(0.0, due - time.monotonic())):
             began = time.monotonic()
+            # Before the beat: said through an outage too, which no beat may come out of.
+            self.summary.tick(*self.ledger.tally(), self.ledger.running())
             try:
                 if conn is None or conn.closed:
                     conn = connect(self.options.using, "heartbeat")

@@ -72,6 +72,11 @@ class Ledger:
         """Jobs a thread has taken and not finished."""
         return len(self._in_flight) - self.work.qsize()
 
+    def tally(self) -> tuple[int, dict[str, int]]:
+        """Attempts finished, and by status, read together."""
+        with self._lock:
+            return self.processed, dict(self.counts)
+
     def unwritten(self) -> int:
         """Outcomes handed to the finisher and not yet written."""
         return self._unwritten

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import time
+import uuid
 from collections.abc import Mapping
 
 logger = logging.getLogger("axa_django")
@@ -11,6 +13,12 @@ logger = logging.getLogger("axa_django")
 jobs_logger = logging.getLogger("axa_django.jobs")
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+# A running worker says at INFO what its attempts came to, once a minute when any
+# finished, and that it is alive every ten minutes when none did: at the default
+# verbosity a healthy worker was silent from its start to its stop.
+SUMMARY_SECONDS = 60.0
+IDLE_SUMMARY_SECONDS = 600.0
 
 
 def plural(count: int, word: str, words: str | None = None) -> str:
@@ -29,6 +37,36 @@ def summary(attempts: int, outcomes: Mapping[str, int]) -> str:
     }
     parts = [f"{outcomes[status]} {word}" for status, word in words.items() if outcomes.get(status)]
     return plural(attempts, "attempt") + (": " + ", ".join(parts) if parts else "")
+
+
+class Summary:
+    """The periodic line: ``tick`` is called often (each heartbeat) and logs when one is due."""
+
+    def __init__(self, worker_id: uuid.UUID, now: float | None = None) -> None:
+        self.worker_id = worker_id
+        self._since = self._said = time.monotonic() if now is None else now
+        self._processed = 0
+        self._counts: dict[str, int] = {}
+
+    def tick(self, processed: int, counts: Mapping[str, int], running: int, now: float | None = None) -> str | None:
+        """Log the line if one is due (``processed`` and ``counts``: since the start); return it."""
+        now = time.monotonic() if now is None else now
+        if now - self._since < SUMMARY_SECONDS:
+            return None
+        done = processed - self._processed
+        line = None
+        if done:
+            since = {status: count - self._counts.get(status, 0) for status, count in counts.items()}
+            line = f"worker {self.worker_id}: {summary(done, since)} in the last {now - self._since:.0f}s"
+        elif now - self._said >= IDLE_SUMMARY_SECONDS:
+            line = f"worker {self.worker_id}: no attempt finished in the last {now - self._said:.0f}s"
+        self._since, self._processed, self._counts = now, processed, dict(counts)
+        if line is None:
+            return None
+        self._said = now
+        line += f"; {plural(running, 'job')} running"
+        logger.info("%s", line)
+        return line
 
 
 def attempt_line(
