@@ -125,17 +125,17 @@ def test_unhandled_counts_stop_at_the_cap(monkeypatch):
     assert entry.ready == 5
 
 
-def test_unhandled_warnings_are_rate_limited_per_name_and_queue(caplog):
+def test_unhandled_warnings_are_said_once_per_name_and_queue(caplog):
     unhandled.reset()
     caplog.set_level(logging.WARNING, logger="axa_django")
     a, b = Unhandled("NoSuchJob", None, "default", 3), Unhandled("NoSuchJob", None, "emails", unhandled.CAP)
-    assert unhandled.warn([a], now=0) == [a]
-    assert unhandled.warn([a, b], now=unhandled.WARN_SECONDS - 1) == [b]
-    assert unhandled.warn([a, b], now=unhandled.WARN_SECONDS) == [a]
+    assert unhandled.warn([a]) == [a]
+    assert unhandled.warn([a, b]) == [b]
+    assert unhandled.warn([a, b]) == []
     messages = [record.getMessage() for record in caplog.records]
     assert messages[0].startswith("job 'NoSuchJob' in queue 'default': 3 ready and no live worker claims them (is the")
     assert f"job 'NoSuchJob' in queue 'emails': at least {unhandled.CAP} ready" in messages[1]
-    assert len(messages) == 3
+    assert len(messages) == 2
 
 
 def test_a_running_worker_warns_about_ready_jobs_no_live_worker_claims(caplog):

@@ -5,6 +5,7 @@ of the fleet, with what to do), and a --queue burst worker's last line."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 import uuid
@@ -14,8 +15,9 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from axa_django import Job
-from axa_django.worker import Worker, logs
+from axa_django import Job, conf, unhandled
+from axa_django.unhandled import Unhandled
+from axa_django.worker import Worker, connect, logs
 from tests.conftest import AXA_APPS, wait_for
 from tests.testapp import jobs
 
@@ -100,3 +102,107 @@ def test_the_dispatcher_says_when_the_database_is_back(caplog):
     assert record.levelno == logging.INFO
     assert record.getMessage().startswith("the database is back: the dispatcher reconnected after ")
     assert said(caplog, "dispatcher lost the database")
+
+
+# -- ready jobs no live worker claims ------------------------------------------------------
+
+
+def insert(name: str, count: int = 1, *, queue: str = "default") -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO axa_queue (id, name, args, queue) SELECT gen_random_uuid(), %s, '{}', %s "
+            "FROM generate_series(1, %s)",
+            [name, queue, count],
+        )
+
+
+def live_worker(names: list[str], queues: list[str] | None = None, *, age: float = 0) -> uuid.UUID:
+    """A live worker's row, as a worker writes it; ``age``: seconds since it started."""
+    worker = uuid.uuid4()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO axa_worker (id, hostname, pid, concurrency, queues, names, backends, started_at, heartbeat_at)"
+            " VALUES (%s, 'elsewhere', 1, 1, %s, %s, '[]', now() - %s * interval '1 second', now())",
+            [worker, json.dumps(queues or []), json.dumps(names), age],
+        )
+    return worker
+
+
+@pytest.fixture
+def look(caplog: pytest.LogCaptureFixture) -> Iterator[Any]:
+    """A running worker's look, as its heartbeat runs it on a worker connection; it returns what was said."""
+    unhandled.reset()
+    caplog.set_level(logging.WARNING, logger="axa_django")
+    with connect("default", "test look") as conn:
+
+        def run(worker: uuid.UUID) -> list[Unhandled]:
+            lease = float(conf.get("LEASE_SECONDS"))
+            return unhandled.look(lambda q, p: conn.execute(q, p).fetchall(), worker=worker, lease=lease)
+
+        yield run
+    unhandled.reset()
+
+
+def test_only_the_eldest_live_worker_says_it_and_each_once_until_it_is_gone(look, caplog):
+    eldest = live_worker(["CountWorker"], age=60)
+    younger = live_worker(["CountWorker"])
+    insert("NoSuchJob", 2)
+    assert look(younger) == []
+    assert look(eldest) == [Unhandled("NoSuchJob", None, "default", 2)]
+    assert look(eldest) == []  # said once
+    [record] = said(caplog, "NoSuchJob")
+    assert record.levelno == logging.WARNING
+    assert record.getMessage().startswith("job 'NoSuchJob' in queue 'default': 2 ready and no live worker claims them")
+    assert record.getMessage().endswith("; said once, python manage.py jobhealth lists them while it lasts")
+    Job.objects.filter(name="NoSuchJob").delete()
+    assert look(eldest) == []  # gone: forgotten
+    insert("NoSuchJob", 1)
+    assert look(eldest) == [Unhandled("NoSuchJob", None, "default", 1)]  # back: said again
+
+
+def test_the_warning_says_which_queue_to_start_or_which_name_or_queue_was_meant(look, caplog):
+    eldest = live_worker(["shop.jobs.send_welcome", "CountWorker"], ["emails", "default"], age=60)
+    insert("shop.jobs.send_welcom")  # a name misspelt at enqueue
+    insert("CountWorker", queue="emials")  # a queue misspelt
+    insert("CountWorker", queue="reports")  # a queue no worker runs yet
+    insert("zzz.unknown")  # nothing close
+    assert len(look(eldest)) == 4
+    messages = {record.getMessage().split(":")[0]: record.getMessage() for record in caplog.records}
+    assert (
+        "(no live worker runs it: did you mean 'shop.jobs.send_welcome'? (a name misspelt where it was enqueued));"
+        in messages["job 'shop.jobs.send_welcom' in queue 'default'"]
+    )
+    assert (
+        "(live workers run this job but none claims from queue 'emials': start one that does (python manage.py "
+        "runworker --queue emials); no live worker claims from this queue: did you mean queue 'emails'?);"
+    ) in messages["job 'CountWorker' in queue 'emials'"]
+    reports = messages["job 'CountWorker' in queue 'reports'"]
+    assert "start one that does (python manage.py runworker --queue reports));" in reports, reports
+    assert "(is the job in the jobs.py of an installed app" in messages["job 'zzz.unknown' in queue 'default'"]
+
+
+def test_a_queue_worker_in_burst_names_only_what_it_leaves_in_its_own_queues(caplog):
+    caplog.set_level(logging.INFO, logger="axa_django")
+    jobs.add.perform_later(1)  # the default queue: not this worker's to run, nor to speak of
+    insert("tests.testapp.jobs.ad", queue="emails")  # a misspelt name in its queue
+    worker = Worker(queues=["emails"], burst=True, install_signals=False)
+    assert worker.run() == 0
+    [record] = said(caplog, " stopped after ")
+    assert record.levelno == logging.WARNING
+    [start] = said(caplog, "in queue 'emails': 1 ready")  # said as it started, with the name it knows
+    assert "(no live worker runs it: did you mean 'tests.testapp.jobs.add'?" in start.getMessage()
+    assert record.getMessage().endswith(
+        "stopped after 0 attempts; ready jobs it could not run: 1 of job 'tests.testapp.jobs.ad' in queue 'emails' "
+        "(no job of that name is registered here: did you mean 'tests.testapp.jobs.add'? (a name misspelt where it "
+        "was enqueued))"
+    ), record.getMessage()
+
+
+def test_a_job_worker_in_burst_says_nothing_of_other_names(caplog):
+    caplog.set_level(logging.INFO, logger="axa_django")
+    jobs.add.perform_later(1)
+    insert("NoSuchJob")
+    assert Worker(names=["CountWorker"], burst=True, install_signals=False).run() == 0
+    [record] = said(caplog, " stopped after ")
+    assert record.levelno == logging.INFO
+    assert record.getMessage().endswith("stopped after 0 attempts"), record.getMessage()

@@ -296,4 +296,5 @@ class Worker:
             queues=options.queues,
             lease=options.lease,
             registered=registry.registry,
+            every_name=options.names is None,
         )

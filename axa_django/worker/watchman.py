@@ -152,5 +152,4 @@ class Watchman:
         self.reconcile(run)
         if now >= self._next_unhandled:
             self._next_unhandled = now + unhandled.CHECK_SECONDS
-            rows = run(sql.UNHANDLED, unhandled.params(self.options.lease))
-            unhandled.warn(unhandled.rows_to_unhandled(rows or []))
+            unhandled.look(run, worker=self.worker_id, lease=self.options.lease)
