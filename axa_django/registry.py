@@ -8,15 +8,19 @@ import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Generic, NoReturn, ParamSpec, TypeVar, overload
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core import checks
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from . import conf
-from .arguments import bind, check_kwargs, prepare
+from .arguments import bind, check_kwargs, misspelt_keywords, of_item, prepare
 from .enqueuing import cronexpr, flow, rows
 from .enqueuing.options import MAX_DELAY, Options, check_name, check_text
-from .enqueuing.reach import UnreachableJobWarning, why_unreachable
+from .enqueuing.reach import UnreachableJobWarning, unknown_target, why_unreachable
 from .enqueuing.rows import BulkResult
 from .execution.inline import run_inline
 from .models import Job
@@ -26,6 +30,12 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 registry: dict[str, JobFunction[Any, Any]] = {}
+
+# The warning each (job name, queue) enqueued so far gave, None for none: an enqueue of
+# a known job into a known queue then costs one dict lookup. Cleared when a job
+# registers or settings.TASKS changes, which change what is known.
+_verdicts: dict[tuple[str, str], tuple[type[UnreachableJobWarning], str] | None] = {}
+_UNSEEN = object()
 
 
 def default_backoff(attempt: int) -> float:
@@ -203,13 +213,16 @@ class JobFunction(Generic[P, R]):
             try:
                 arguments = bind(self.signature, self.name, args, kwargs)
             except (TypeError, ValueError) as error:
-                raise type(error)(f"item {index}: {error}") from None
+                raise of_item(error, index) from None
             yield self.name, arguments, self._options_for(arguments)
 
     def perform_later(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Write a job row for a worker (or run it now in immediate mode) and return it."""
         arguments = bind(self.signature, self.name, args, kwargs)
-        job = tracing.enqueued(self.name, rows.write, self.name, arguments, self._options_for(arguments), self)
+        options = self._options_for(arguments)
+        if _verdicts.get((self.name, options.queue), _UNSEEN) is not None:
+            _warn_if_unknown(self.name, options.queue)
+        job = tracing.enqueued(self.name, rows.write, self.name, arguments, options, self)
         if conf.get("MODE") == "immediate" and job.status == Job.Status.QUEUED:
             run_inline(job, self)
         return job
@@ -224,6 +237,9 @@ class JobFunction(Generic[P, R]):
         # it writes any, or, for a batch it copies, while the server takes in the rows
         # before (a bad one aborts the COPY, writing none).
         items = self._items([_split(call) for call in calls])
+        # Once per call: every item goes to this queue (keys differ by call, queues do not).
+        if _verdicts.get((self.name, self.options.queue), _UNSEEN) is not None:
+            _warn_if_unknown(self.name, self.options.queue)
         jobs = tracing.enqueued(self.name, rows.write_many, items, self, self._fixed_options())
         if conf.get("MODE") == "immediate":
             for job in jobs:
@@ -239,6 +255,36 @@ class JobFunction(Generic[P, R]):
     async def aperform_later(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Async perform_later, for async views."""
         return await sync_to_async(self.perform_later)(*args, **kwargs)
+
+    # Celery's and django.tasks' ways to enqueue, answered with ours rather than a bare
+    # "has no attribute" (properties: hasattr() stays False, and no __getattr__ is paid).
+    @property
+    def delay(self) -> NoReturn:
+        raise AttributeError(
+            self._not_here("delay(...)", f"{self.__name__}.perform_later(...), with the same arguments")
+        )
+
+    @property
+    def apply_async(self) -> NoReturn:
+        raise AttributeError(
+            self._not_here(
+                "apply_async(args, kwargs, countdown=..., queue=...)",
+                f"{self.__name__}.using(delay=timedelta(seconds=...), queue=..., priority=...).perform_later"
+                "(*args, **kwargs)",
+            )
+        )
+
+    @property
+    def enqueue(self) -> NoReturn:
+        raise AttributeError(
+            self._not_here("enqueue(...) (a django.tasks @task's)", f"{self.__name__}.perform_later(...)")
+        )
+
+    def _not_here(self, theirs: str, ours: str) -> str:
+        return (
+            f"{type(self).__name__} object has no attribute {theirs.split('(')[0]!r}: {self.name!r} is an axa_django "
+            f"background job, which has no {theirs}; enqueue it with {ours}"
+        )
 
 
 @overload
@@ -287,6 +333,7 @@ def background_job(func: Callable[..., Any] | None = None, /, *, name: str | Non
         if job.unreachable is not None:
             warnings.warn(job.unreachable, UnreachableJobWarning, stacklevel=_outside_this_module())
         registry[job.name] = job
+        _verdicts.clear()
         return job
 
     if func is not None:
@@ -312,11 +359,13 @@ def get(name: str) -> JobFunction[Any, Any] | None:
 
 
 def enqueue(name: str, /, **kwargs: Any) -> Job:
-    """Enqueue a job by name, for a job this process may not define."""
+    """Enqueue a job by name, for a job this process may not define (UnknownJobWarning says so)."""
     job = registry.get(check_name(name))
     if job is not None:
         return job.perform_later(**kwargs)
-    return tracing.enqueued(name, rows.write, name, check_kwargs(name, kwargs), Options(), None)
+    arguments = check_kwargs(name, kwargs)
+    _warn_if_unknown(name, Options.queue)
+    return tracing.enqueued(name, rows.write, name, arguments, Options(), None)
 
 
 def enqueue_many(name: str, calls: Iterable[Mapping[str, Any]], /) -> BulkResult:
@@ -329,5 +378,61 @@ def enqueue_many(name: str, calls: Iterable[Mapping[str, Any]], /) -> BulkResult
         try:
             items.append((name, check_kwargs(name, dict(kwargs)), Options()))
         except (TypeError, ValueError) as error:
-            raise type(error)(f"item {index}: {error}") from None
+            raise of_item(error, index) from None
+    _warn_if_unknown(name, Options.queue)
     return tracing.enqueued(name, rows.write_many, items, None)
+
+
+def known_queues() -> set[str]:
+    """The queues this process knows: "default", registered jobs' queues, and settings.TASKS' QUEUES."""
+    queues = {Options.queue} | {job.options.queue for job in registry.values()}
+    tasks = getattr(settings, "TASKS", None)
+    for params in tasks.values() if isinstance(tasks, dict) else ():
+        # Any backend's: a queue a project names anywhere is not a typo.
+        listed = params.get("QUEUES", ()) if isinstance(params, dict) else ()
+        queues.update(queue for queue in listed if isinstance(queue, str))
+    return queues
+
+
+def _warn_if_unknown(name: str, queue: str) -> None:
+    """UnknownJobWarning or UnknownQueueWarning unless this process knows job ``name`` and ``queue``."""
+    key = (name, queue)
+    verdict = _verdicts.get(key, _UNSEEN)
+    if verdict is _UNSEEN:
+        verdict = _verdicts[key] = unknown_target(name, queue, registry, known_queues())
+    if verdict is not None:
+        category, message = verdict
+        warnings.warn(message, category, stacklevel=_outside_this_module())
+
+
+@receiver(setting_changed)
+def _forget_verdicts(*, setting: str, **kwargs: Any) -> None:
+    if setting == "TASKS":
+        _verdicts.clear()
+
+
+def unknown_parameters(job: JobFunction[Any, Any], kwargs: Mapping[str, Any]) -> str | None:
+    """Why ``kwargs`` name parameters ``job`` lacks, each with the one it was likely meant as (as perform_later
+    says it); None if ``job`` has them all."""
+    found = misspelt_keywords(job.signature, (), dict(kwargs))
+    if found is None:
+        return None
+    said, takes = found
+    return f"job {job.name!r} has no parameter {', '.join(said)}; {takes}"
+
+
+@checks.register()
+def check_cron_extra(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E010: periodic jobs, and no croniter to schedule them (the cron extra is not installed)."""
+    periodic = sorted(name for name, job in registry.items() if job.cron is not None)
+    if not periodic or cronexpr.installed():
+        return []
+    return [
+        checks.Error(
+            f"job(s) {', '.join(map(repr, periodic))} have cron=..., which needs croniter, and it is not installed: "
+            "no worker could schedule them.",
+            hint="Install the cron extra: pip install 'axa-django[cron]' (with psycopg's libpq: "
+            "'axa-django[binary,cron]').",
+            id="axa_django.E010",
+        )
+    ]

@@ -79,14 +79,14 @@ def enqueued_jobs(name: JobRef | None = None, queue: str | None = None) -> list[
 
 
 def _defaults(job: JobRef, args: dict[str, Any]) -> dict[str, Any]:
-    """The defaults of the parameters in ``args``; TypeError for a parameter the job does not have."""
+    """The defaults of the parameters in ``args``; TypeError for a parameter the job does not have,
+    with the one it was likely meant as, as perform_later says it."""
     if not isinstance(job, registry.JobFunction):
         return {}
+    unexpected = registry.unknown_parameters(job, args)
+    if unexpected is not None:
+        raise TypeError(unexpected)
     parameters = job.signature.parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        unknown = sorted(set(args) - set(parameters))
-        if unknown:
-            raise TypeError(f"job {job.name!r} has no parameter {', '.join(map(repr, unknown))}")
     return {key: parameters[key].default for key in args if key in parameters and parameters[key].default is not _EMPTY}
 
 

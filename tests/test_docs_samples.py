@@ -99,6 +99,9 @@ ELSEWHERE: dict[tuple[str, str], str] = {
     ("docs/deployment.md", "LOGGING = {"): "the LOGGING of tests/docs_settings.py, the README test's worker",
     ("docs/jobs.md", "from django.db import transaction"): "tests/test_exactly_once.py runs it on a real table",
     ("docs/jobs.md", "# shop/models.py"): "tests/test_references.py runs this pattern (tests/refapp/models.py)",
+    ("docs/jobs.md", "# settings.py: a job a Rust service runs, and a queue that dedicated workers serve"): (
+        "tests/test_first_hour_traps.py runs it, then enqueues that name and queue and one it leaves alone"
+    ),
     ("docs/deployment.md", "# settings.py: a primary and its standby (Patroni, a managed service's two endpoints)"): (
         "tests/test_failover.py runs it against its URL form, and its workers fail over with that URL"
     ),

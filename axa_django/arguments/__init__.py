@@ -85,6 +85,14 @@ def _text_problem(text: str) -> str | None:
     return None
 
 
+class _NotJson(TypeError):
+    """_problem's mark for a value of a type JSON lacks; raised as a TypeError beginning with Django's
+    words for it (``Unsupported type: <class '...'>``, normalize_json's), which django.tasks code looks for."""
+
+
+_DJANGOS = "Unsupported type: "
+
+
 def _problem(value: Any, levels: int, storable: bool) -> tuple[type[Exception], _Link, str] | None:
     """The first place where ``value`` is not strict JSON: (error type, place, what is wrong).
 
@@ -145,7 +153,7 @@ def _problem(value: Any, levels: int, storable: bool) -> tuple[type[Exception], 
             if not math.isfinite(item):
                 return ValueError, link, f"is {item!r}, which JSON cannot hold; pass a finite number or None."
             continue
-        return TypeError, link, f"is {_describe(item)}, which is not JSON; {_hint(item)}"
+        return _NotJson, link, f"is {_describe(item)}, which is not JSON; {_hint(item)}"
     return None
 
 
@@ -160,8 +168,24 @@ def _raise(value: Any, where: str | Describe, levels: int, storable: bool) -> No
     found = _problem(value, levels, storable)
     if found is not None:
         error, link, message = found
-        place = described(where)(_path(link))
+        path = _path(link)
+        place = described(where)(path)
+        if error is _NotJson:
+            item = value
+            for key in path:  # plain lists and dicts all the way down: _problem walked them
+                item = item[key]
+            raise TypeError(f"{_DJANGOS}{type(item)}: {place} {message}")
         raise error(f"{place} {message}")
+
+
+def of_item(error: TypeError | ValueError, index: int) -> TypeError | ValueError:
+    """``error`` said of item ``index`` of a batch (``item 3: ...``), after Django's words when it begins with them."""
+    text = str(error)
+    lead, rest = "", text
+    if text.startswith(_DJANGOS) and "'>: " in text:
+        lead, _, rest = text.partition("'>: ")
+        lead += "'>: "
+    return type(error)(f"{lead}item {index}: {rest}")
 
 
 def check_json(value: Any, where: str | Describe, *, levels: int = 0) -> None:
@@ -300,12 +324,11 @@ def _bind_by_name(shape: _Shape, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     return {name: bound[name] for name in shape.names if name in bound}
 
 
-def _unexpected(signature: inspect.Signature, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    """Why ``kwargs`` name parameters ``signature`` lacks, with the closest names; None if none do.
-
-    Said before Signature.bind, which would report the parameter a misspelt name left
-    missing ("missing 'order_id'") rather than the misspelling.
-    """
+def misspelt_keywords(
+    signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[list[str], str] | None:
+    """The keywords of ``kwargs`` that ``signature`` lacks, each said with the parameter it was likely
+    meant as (``'usr_id' (did you mean 'user_id'?)``), and what it takes; None when there is none."""
     parameters = signature.parameters
     if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
         return None
@@ -322,7 +345,19 @@ def _unexpected(signature: inspect.Signature, name: str, args: tuple[Any, ...], 
             key, by_name, n=1, cutoff=0.6
         )
         said.append(f"{key!r} (did you mean {guesses[0]!r}?)" if guesses else repr(key))
-    takes = f"its parameters are {', '.join(by_name)}" if by_name else "it takes no arguments by name"
+    return said, f"its parameters are {', '.join(by_name)}" if by_name else "it takes no arguments by name"
+
+
+def _unexpected(signature: inspect.Signature, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """Why ``kwargs`` name parameters ``signature`` lacks, with the closest names; None if none do.
+
+    Said before Signature.bind, which would report the parameter a misspelt name left
+    missing ("missing 'order_id'") rather than the misspelling.
+    """
+    found = misspelt_keywords(signature, args, kwargs)
+    if found is None:
+        return None
+    said, takes = found
     return f"job {name!r}: unexpected argument{'s' if len(said) > 1 else ''} {', '.join(said)}; {takes}"
 
 

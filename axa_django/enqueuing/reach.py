@@ -1,4 +1,4 @@
-"""Which modules every worker imports, and the warning for a job defined anywhere else.
+"""Which modules every worker imports, and the warnings for a job no worker may run.
 
 A worker knows the jobs of the modules that Django imports when it starts: each
 installed app's ``jobs`` module (``AppConfig.ready`` autodiscovers it) and whatever
@@ -7,18 +7,24 @@ job defined in another module (the settings package ``startproject`` makes, an a
 missing from ``INSTALLED_APPS``, a ``tasks.py`` that nothing imports at start, the
 script being run) exists only in the processes that import that module: a web
 process enqueues it, tests that import it pass, and no worker ever runs it.
+
+A job enqueued by a name no job of this process has, or into a queue nothing here
+declares (a typo: ``enqueue("shop.jobs.send_welcom")``, ``using(queue="emials")``), is
+written all the same and waits, perhaps forever: ``unknown_target`` says so.
 """
 
 from __future__ import annotations
 
+import difflib
 import sys
+from collections.abc import Collection, Iterable
 
 from django.apps import AppConfig, apps
 from django.conf import settings
 
-from ..exceptions import UnreachableJobWarning
+from ..exceptions import UnknownJobWarning, UnknownQueueWarning, UnreachableJobWarning
 
-__all__ = ["UnreachableJobWarning", "why_unreachable"]
+__all__ = ["UnknownJobWarning", "UnknownQueueWarning", "UnreachableJobWarning", "unknown_target", "why_unreachable"]
 
 
 def why_unreachable(job: str, module: str | None) -> str | None:
@@ -75,3 +81,56 @@ def _inside_jobs_import() -> bool:
                     return True
         frame = frame.f_back
     return False
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> list[str]:
+    """Up to three of ``known`` that ``word`` was probably meant as: the same last dotted part, then the closest.
+
+    One closest only: dotted names share long prefixes, which make many of them close.
+    """
+    candidates = sorted(set(known) - {word})
+    tail = word.rsplit(".", 1)[-1].lower()
+    same_tail = [k for k in candidates if k.rsplit(".", 1)[-1].lower() == tail]
+    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return list(dict.fromkeys(same_tail + close))[:3]
+
+
+def _guess(word: str, known: Iterable[str]) -> str:
+    guesses = did_you_mean(word, known)
+    return f"Did you mean {' or '.join(map(repr, guesses))}? " if guesses else ""
+
+
+def _silence(category: type[Warning], subject: str) -> str:
+    # The message filter matches the start of the message, which names the subject.
+    return (
+        f"silence this warning in settings.py: warnings.filterwarnings('ignore', "
+        f'category=axa_django.{category.__name__}, message="{subject}")'
+    )
+
+
+def unknown_target(
+    name: str, queue: str, names: Collection[str], queues: Collection[str]
+) -> tuple[type[UnreachableJobWarning], str] | None:
+    """The warning for enqueueing job ``name`` into ``queue``, or None when this process knows both.
+
+    ``names``: the jobs registered here; ``queues``: the queues known here (registered
+    jobs' queues, settings.TASKS' QUEUES, "default"). Each message begins with its
+    subject (``job 'x'``, ``queue 'y'``), so a filter can silence one name or queue.
+    """
+    if name not in names:
+        subject = f"job {name!r}"
+        return UnknownJobWarning, (
+            f"{subject} is enqueued, but no job of this process is registered under that name, so no worker of "
+            f"this project runs it: the row waits until a worker that defines it claims it. {_guess(name, names)}"
+            "If another service runs it (a Rust worker, another Django project), "
+            f"{_silence(UnknownJobWarning, subject)}"
+        )
+    if queue not in queues:
+        subject = f"queue {queue!r}"
+        return UnknownQueueWarning, (
+            f"{subject} (job {name!r}) is declared by no registered job and listed by no backend in settings.TASKS: "
+            f"a worker started with --queue takes only the queues it names, so the row may wait forever. "
+            f"{_guess(queue, queues)}If a worker serves it (runworker --queue {queue}), "
+            f"{_silence(UnknownQueueWarning, subject)}"
+        )
+    return None

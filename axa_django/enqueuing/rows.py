@@ -12,13 +12,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import psycopg
-from django.db import OperationalError, connections, transaction
+from django.db import OperationalError, ProgrammingError, connections, transaction
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
 
 from .. import conf, dependencies
 from ..arguments import arguments_of, encode, task_arguments_of
-from ..exceptions import DuplicateJob
+from ..exceptions import DuplicateJob, QueueTableMissing
 from ..ids import uuid7, uuid7s
 from ..models import Job
 from ..signals import job_enqueued
@@ -141,6 +141,26 @@ def _params(name: str, args: dict[str, Any], options: Options, job_id: uuid.UUID
 
 
 @contextlib.contextmanager
+def _migrated(using: str) -> Iterator[None]:
+    """Raise QueueTableMissing, naming the fix, for a statement that found no queue table.
+
+    The failed statement has aborted the caller's transaction, if any: nothing more is
+    sent, the error is only said again, as a ProgrammingError still, chained from it.
+    """
+    try:
+        yield
+    except ProgrammingError as error:
+        if not isinstance(error.__cause__, psycopg.errors.UndefinedTable):
+            raise
+        name = connections[using].settings_dict.get("NAME")
+        option = "" if using == "default" else f" --database {using}"
+        raise QueueTableMissing(
+            f"{error.__cause__.diag.message_primary or error} in database {name!r} (DATABASES[{using!r}]): "
+            f"its queue tables are not created yet; run python manage.py migrate{option} first"
+        ) from error
+
+
+@contextlib.contextmanager
 def _cursor(using: str) -> Iterator[Any]:
     """A cursor on the queue database's connection, in the caller's transaction.
 
@@ -149,14 +169,15 @@ def _cursor(using: str) -> Iterator[Any]:
     binds as Django's does at half the client CPU of an enqueue.
     """
     wrapper = connections[using]
-    if wrapper.queries_logged or wrapper.execute_wrappers:
-        with wrapper.cursor() as cursor:
+    with _migrated(using):
+        if wrapper.queries_logged or wrapper.execute_wrappers:
+            with wrapper.cursor() as cursor:
+                yield cursor
+            return
+        wrapper.ensure_connection()
+        wrapper.validate_no_broken_transaction()
+        with wrapper.wrap_database_errors, psycopg.ClientCursor(wrapper.connection) as cursor:
             yield cursor
-        return
-    wrapper.ensure_connection()
-    wrapper.validate_no_broken_transaction()
-    with wrapper.wrap_database_errors, psycopg.ClientCursor(wrapper.connection) as cursor:
-        yield cursor
 
 
 def _watched() -> bool:
@@ -526,7 +547,7 @@ def write_children(
             raise type(error)(f"item {index}: {error}") from None
     result = BulkResult()
     statuses: dict[uuid.UUID, str] = {}
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+    with _migrated(using), transaction.atomic(using=using), connections[using].cursor() as cursor:
         start = 0
         while start < len(prepared):
             key = (prepared[start][1].after, prepared[start][1].on_parent_failure, prepared[start][1].workflow)
