@@ -28,9 +28,23 @@ class RolledBack(Exception):
     pass
 
 
+def migrate_check() -> list[object]:
+    """``migrate --check``'s exit status on default and on queue (1 while a migration is unapplied)."""
+    codes: list[object] = []
+    for database in ("default", "queue"):
+        try:
+            call_command("migrate", "--check", "--database", database, verbosity=0)
+            codes.append(0)
+        except SystemExit as exit:
+            codes.append(exit.code)
+    return codes
+
+
 def main() -> None:
+    checks = [migrate_check()]
     for argv in json.loads(sys.argv[1]):
         call_command(*argv, verbosity=0)
+    checks.append(migrate_check())
     from shop.jobs import send_welcome  # README's, loaded by tests.docsapp
 
     # What the page says happens: the enqueue stays when default's transaction rolls back.
@@ -65,6 +79,7 @@ def main() -> None:
     print(
         json.dumps(
             {
+                "migrate_check": checks,
                 "router": [f"{type(r).__module__}.{type(r).__qualname__}" for r in router.routers],
                 "job_database": router.db_for_write(Job),
                 "user_database": router.db_for_write(User),

@@ -472,6 +472,8 @@ def test_the_queue_on_a_database_of_its_own(workers, monkeypatch):
         )
         assert scenario.returncode == 0, scenario.stdout + scenario.stderr
         seen = json.loads(scenario.stdout.splitlines()[-1])
+        # migrate --check (the init container's) on each database: unapplied before the lines, applied after.
+        assert seen["migrate_check"] == [[1, 1], [0, 0]]
         assert seen["router"] == ["shop.routers.QueueRouter"]  # the page's, as its settings name it
         assert (seen["job_database"], seen["user_database"]) == ("queue", "default")
         # Each database holds its own tables only.
