@@ -36,12 +36,14 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def build_dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sdist and the wheel of this checkout, built offline into a new folder (returned)."""
+    """The sdist and the wheel of this checkout, built offline into a new folder (returned),
+    beside the copy of the checkout they were built from (``checkout/``)."""
     pytest.importorskip("build", reason="pip install -e '.[dev]' installs build")
     out = tmp_path_factory.mktemp("dist")
     # A copy of the checkout: setuptools stages the sdist inside the tree it builds, and two
-    # xdist workers building in one tree would remove each other's staging directory.
-    tree = tmp_path_factory.mktemp("tree") / "axa-django"
+    # xdist workers building in one tree would remove each other's staging directory. The
+    # tests compare the builds with the copy, not with a checkout others may be editing.
+    tree = out / "checkout"
     shutil.copytree(ROOT, tree, ignore=_NOT_SOURCE)
     # No flags: the sdist first, then the wheel built from the unpacked sdist, so a
     # file the sdist lacks breaks the wheel. --no-isolation: the dev extra's setuptools, no network.
@@ -65,23 +67,24 @@ def _sdist(dist: Path) -> dict[str, bytes]:
         }
 
 
-def _package_files() -> set[str]:
-    """The checkout's package: code, migrations, templates, static files, py.typed (no caches)."""
+def _source_files(dist: Path, folder: str) -> set[str]:
+    """The files of ``folder`` in the checkout the builds came from (no caches)."""
+    tree = dist / "checkout"
     return {
-        path.relative_to(ROOT).as_posix()
-        for path in (ROOT / "axa_django").rglob("*")
+        path.relative_to(tree).as_posix()
+        for path in (tree / folder).rglob("*")
         if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
     }
 
 
 def test_the_sdist_holds_what_manifest_in_says(dist):
     files = _sdist(dist)
-    docs = {path.relative_to(ROOT).as_posix() for path in (ROOT / "docs").rglob("*") if path.is_file()}
     # MANIFEST.in: the package, LICENSE, README, CHANGELOG, docs/ whole and the benchmarks' history
     # (docs/performance.md links to it); setuptools adds its metadata.
     made = {"PKG-INFO", "setup.cfg", "pyproject.toml", "MANIFEST.in"}
     made |= {name for name in files if name.startswith("axa_django.egg-info/")}
-    wanted = {"LICENSE", "README.md", "CHANGELOG.md", "benchmarks/HISTORY.md"} | docs | _package_files()
+    wanted = {"LICENSE", "README.md", "CHANGELOG.md", "benchmarks/HISTORY.md"}
+    wanted |= _source_files(dist, "docs") | _source_files(dist, "axa_django")
     assert set(files) - made == wanted, (sorted(set(files) - made - wanted), sorted(wanted - set(files)))
     assert "axa_django/migrations/0001_initial.py" in files and "axa_django/py.typed" in files
     assert b"MIT License" in files["LICENSE"] and b"The axa-django authors" in files["LICENSE"]
@@ -130,7 +133,7 @@ def test_the_wheel_holds_the_package_only_with_license_and_extras(dist):
         metadata = Parser().parsestr(wheel.read(metadata_name).decode())
     assert all(n.startswith(("axa_django/", f"axa_django-{VERSION}.dist-info/")) for n in names), names
     # Every file of the package, code or not (templates, static files, py.typed, migrations).
-    assert {n for n in names if n.startswith("axa_django/")} == _package_files()
+    assert {n for n in names if n.startswith("axa_django/")} == _source_files(dist, "axa_django")
     assert "axa_django/templates/admin/axa_django/dashboard.html" in names
     assert "axa_django/management/commands/runworker.py" in names
     assert "axa_django/migrations/0001_initial.py" in names and "axa_django/py.typed" in names
@@ -196,7 +199,7 @@ def test_the_install_lines_of_the_readme_and_install_md_work_today(dist, tmp_pat
 def test_twine_check_passes_on_the_sdist_and_the_wheel(dist):
     """What the package index checks on upload: the metadata, and README as the project's page."""
     pytest.importorskip("twine", reason="pip install -e '.[dev]' installs twine")
-    files = sorted(str(path) for path in dist.iterdir())
+    files = sorted(str(path) for path in dist.glob("axa_django-*"))
     assert len(files) == 2, files
     checked = subprocess.run(
         [sys.executable, "-m", "twine", "check", "--strict", *files], capture_output=True, text=True, timeout=120
