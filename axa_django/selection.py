@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import unicodedata
 from collections.abc import Iterable
 
-import django
 from django.db import connections
 
 from . import conf, registry
+from .checks import tasks_framework_problem
 from .exceptions import UnknownJobs, UnknownQueues
 
 # Known names listed in the error; listjobs shows them all.
@@ -39,8 +38,8 @@ UNION SELECT queue FROM axa_queue_limit
 
 def task_backend_aliases() -> list[str]:
     """settings.TASKS aliases whose backend is axa_django's QueueBackend (none without a tasks framework)."""
-    if django.VERSION < (6, 0) and importlib.util.find_spec("django_tasks") is None:
-        return []  # Django 5.2 without the django-tasks backport: no task can name a backend
+    if tasks_framework_problem() is not None:
+        return []  # Django 5.2 without the django-tasks backport (check E104 says so if TASKS wants it)
     # Lazy: backends imports the tasks framework, which a project may not have (Django 5.2).
     from .backends import queue_backend_aliases
 

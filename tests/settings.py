@@ -112,3 +112,5 @@ TASKS = {
 }
 if os.environ.get("AXA_TEST_TASK_OPTIONS"):  # a subprocess given the default alias's OPTIONS
     TASKS["default"]["OPTIONS"] = json.loads(os.environ["AXA_TEST_TASK_OPTIONS"])
+if os.environ.get("AXA_TEST_NO_TASKS"):  # a project that uses no tasks at all
+    del TASKS

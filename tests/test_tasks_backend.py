@@ -95,7 +95,7 @@ def test_building_a_backend_and_validating_a_task_touch_no_database():
     [
         ({"NOPE": 1}, "unknown key 'NOPE'"),
         ({"MAX_ATTEMPT": 3}, "unknown key 'MAX_ATTEMPT' (did you mean 'MAX_ATTEMPTS'?)"),
-        ({"MAX_ATTEMPTS": 0}, "'MAX_ATTEMPTS'] must be a positive int, not 0"),
+        ({"MAX_ATTEMPTS": 0}, "'MAX_ATTEMPTS'] must be a positive int below 2147483648, not 0"),
         ({"BACKOFF": -1}, "'BACKOFF'] must be a number of seconds >= 0, not -1"),
         ("3", "must be a dict, not str"),
     ],
@@ -111,6 +111,22 @@ def test_bad_options_are_a_system_check_error_and_refused_at_enqueue(options, me
         with CaptureQueriesContext(connection) as queries, pytest.raises(InvalidTaskBackend, match=re.escape(message)):
             tasks.add.using(backend="bad").enqueue(1)
     assert len(queries) == 0 and backend.problems
+
+
+@pytest.mark.parametrize("backend", ["axa_django.backends.QueueBackend", "tests.custom_backend.CustomQueueBackend"])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"MAX_ATEMPTS": 1}, "did you mean 'MAX_ATTEMPTS'?"),
+        ({"MAX_ATTEMPTS": 2**31}, "must be a positive int below 2147483648, not 2147483648"),
+    ],
+)
+def test_a_subclass_and_a_huge_max_attempts_are_checked_as_enqueue_would_refuse_them(backend, options, message):
+    with override_settings(TASKS={"default": {"BACKEND": backend, "OPTIONS": options}}):
+        found = [m.msg for m in check_task_backends() if m.id == "axa_django.E103"]
+        assert len(found) == 1 and message in found[0], found
+        with pytest.raises(InvalidTaskBackend, match=re.escape(message)):
+            task_backends["default"].enqueue(tasks.add, [1], {})
 
 
 def test_a_typo_in_options_stops_check_and_the_worker_start(workers):
@@ -191,6 +207,25 @@ def test_worker_ids_after_a_retry_from_the_admin_name_the_run_of_this_round(tmp_
     done = tasks.wait_for_file.get_result(result.id)
     assert done.status == TaskResultStatus.SUCCESSFUL and done.worker_ids == [str(second.id)], done.worker_ids
     assert done.attempts == 1 and [e.exception_class for e in done.errors] == [TimeoutError]
+
+
+@pytest.mark.parametrize(
+    ("columns", "worker_ids"),
+    [
+        ({"errors": "5", "attempts": 1}, [""]),
+        ({"errors": '[7, "x", {"attempt": [1], "worker": "w"}, {"attempt": "1", "at": "2024-02-30T10:00:00"}]'}, []),
+        ({"errors": '[{"attempt": 1, "at": "2024-02-30T10:00:00", "type": 5}]', "attempts": 1}, [""]),
+        ({"attempts": 30_000_000}, [""] * 1000),
+    ],
+)
+def test_a_hand_written_row_with_odd_errors_reads_back_without_raising(columns, worker_ids):
+    errors = columns.pop("errors", "[]")
+    job_id = insert(ADD, errors=errors, **columns)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE axa_queue SET errors = %s::jsonb WHERE id = %s", [errors, job_id])
+    result = default_task_backend.get_result(str(job_id))
+    assert result.status == TaskResultStatus.READY and result.worker_ids == worker_ids
+    assert result.last_attempted_at is None
 
 
 # The unknown id is a constant: every test process must collect the same test ids.

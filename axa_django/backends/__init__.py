@@ -156,8 +156,7 @@ class QueueBackend(BaseTaskBackend):
                 exception_class_path=_ENTRY_TYPES.get(str(entry.get("type")), str(entry.get("type"))),
                 traceback=str(entry.get("traceback") or ""),
             )
-            for entry in job.errors or []
-            if isinstance(entry, dict)
+            for entry in _entries(job.errors)
         ]
         if job.status == "cancelled" and not errors:
             errors.append(TaskError(exception_class_path=stored_type(JobCancelled), traceback=""))
@@ -293,11 +292,21 @@ def queue_backend_aliases() -> list[str]:
     for alias, params in task_backends.settings.items():
         try:
             backend = import_string(params["BACKEND"])
-        except (ImportError, KeyError, TypeError):
+        except Exception:  # noqa: BLE001 - a user's backend module may raise anything at import
             continue  # Django's own checks report a broken TASKS entry
         if isinstance(backend, type) and issubclass(backend, QueueBackend):
             aliases.append(alias)
     return sorted(aliases)
+
+
+# A row's errors are data anyone who can write the table controls: a result reads what
+# it can of them and never raises (a row with attempts in the billions lists its last ids).
+MOST_WORKER_IDS = 1000
+
+
+def _entries(errors: Any) -> list[dict[str, Any]]:
+    """The row's error entries that are objects (a hand-written ``errors`` may be anything)."""
+    return [entry for entry in errors if isinstance(entry, dict)] if isinstance(errors, list) else []
 
 
 def _worker_ids(job: Job) -> list[str]:
@@ -305,10 +314,12 @@ def _worker_ids(job: Job) -> list[str]:
     the admin starts again; ``errors`` keeps the earlier rounds' entries): the running or
     completed attempt's worker is the row's, earlier ones come from their error entries
     (the latest entry of an attempt number: a retry's entries come after the round before)."""
-    by_attempt = {entry.get("attempt"): entry.get("worker") for entry in job.errors or [] if isinstance(entry, dict)}
+    by_attempt = {
+        entry["attempt"]: entry.get("worker") for entry in _entries(job.errors) if type(entry.get("attempt")) is int
+    }
     current = job.status in ("running", "completed") and job.worker_id is not None
     ids = []
-    for attempt in range(1, job.attempts + 1):
+    for attempt in range(max(1, job.attempts - MOST_WORKER_IDS + 1), job.attempts + 1):
         worker = job.worker_id if current and attempt == job.attempts else by_attempt.get(attempt)
         if worker is None and attempt == job.attempts:
             worker = job.worker_id
@@ -317,7 +328,10 @@ def _worker_ids(job: Job) -> list[str]:
 
 
 def _last_attempt(errors: Any) -> Any:
-    for entry in reversed(errors or []):
-        if isinstance(entry, dict) and isinstance(entry.get("at"), str):
-            return parse_datetime(entry["at"])
+    for entry in reversed(_entries(errors)):
+        if isinstance(entry.get("at"), str):
+            try:
+                return parse_datetime(entry["at"])
+            except ValueError:  # well formed but no date (February 30th): look further back
+                continue
     return None

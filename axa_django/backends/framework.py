@@ -19,20 +19,18 @@ if django.VERSION >= (6, 0):
 
     FRAMEWORK = "django.tasks"
 else:
-    try:
-        from django_tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
-        from django_tasks.backends.base import BaseTaskBackend
-        from django_tasks.base import Task, TaskError
-        from django_tasks.exceptions import InvalidTaskBackendError as InvalidTaskBackend
-        from django_tasks.exceptions import InvalidTaskError as InvalidTask
-        from django_tasks.exceptions import TaskResultDoesNotExist
-        from django_tasks.signals import task_enqueued, task_finished, task_started
-    except ImportError as error:
-        raise ImportError(
-            f"axa_django.backends needs django.tasks (Django >= 6.0) or, on Django {django.get_version()}, "
-            "the django-tasks backport: pip install 'axa-django[tasks]' (or django-tasks), then list "
-            "'django_tasks' in INSTALLED_APPS as the backport asks"
-        ) from error
+    from ..checks import tasks_framework_problem
+
+    # Said before the import: an older backport imports, under other names (0.9-0.11).
+    if (problem := tasks_framework_problem()) is not None:
+        raise ImportError(problem)
+    from django_tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
+    from django_tasks.backends.base import BaseTaskBackend
+    from django_tasks.base import Task, TaskError
+    from django_tasks.exceptions import InvalidTaskBackendError as InvalidTaskBackend
+    from django_tasks.exceptions import InvalidTaskError as InvalidTask
+    from django_tasks.exceptions import TaskResultDoesNotExist
+    from django_tasks.signals import task_enqueued, task_finished, task_started
 
     FRAMEWORK = "django_tasks"
 
