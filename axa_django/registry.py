@@ -19,9 +19,9 @@ from django.dispatch import receiver
 from . import conf
 from .arguments import bind, check_kwargs, misspelt_keywords, of_item, prepare
 from .enqueuing import cronexpr, flow, rows
+from .enqueuing.encoding import BulkResult
 from .enqueuing.options import MAX_DELAY, Options, check_name, check_text
 from .enqueuing.reach import UnreachableJobWarning, unknown_target, why_unreachable
-from .enqueuing.rows import BulkResult
 from .execution.inline import run_inline
 from .models import Job
 from .ops import tracing

@@ -11,7 +11,8 @@ from django.db import connections, transaction
 
 from . import conf, dependencies
 from .arguments import bind
-from .enqueuing import rows
+from .enqueuing import children
+from .enqueuing.encoding import BulkResult
 from .enqueuing.options import Options, check_text
 from .execution.inline import run_inline
 from .ids import uuid7
@@ -73,7 +74,7 @@ class _Group:
         with transaction.atomic(using=using):
             Workflow.objects.using(using).create(id=self.id, kind=self.kind, name=self.name)
             senders = self._senders + [registry.get(CALLBACK)] * (len(items) - len(self._senders))
-            written = rows.write_children(items, senders) if items else rows.BulkResult()
+            written = children.write_children(items, senders) if items else BulkResult()
         found = {job.pk: job.status for job in written}
         for job in self.jobs:
             job.status = found.get(job.pk, job.status)
