@@ -57,11 +57,20 @@ class Pools:
             signal.Signals(signum).name,
             ": finishing jobs in progress (again to abort)" if first else " again: giving jobs in progress back",
         )
+        if first:
+            self.stop()
+        else:
+            self.abort()
+
+    def stop(self) -> None:
+        """Stop every pool: claim no more, jobs in progress finish."""
         for worker in self.workers:
-            if first:
-                worker.stop()
-            else:
-                worker.abort()
+            worker.stop()
+
+    def abort(self) -> None:
+        """Stop every pool now, giving jobs in progress back to the queue."""
+        for worker in self.workers:
+            worker.abort()
 
     def _run_one(self, index: int, worker: Worker) -> None:
         try:
@@ -69,7 +78,7 @@ class Pools:
         except BaseException as error:  # noqa: BLE001 - re-raised on the main thread
             self._errors.append(error)
             self._codes[index] = 2
-        if self._codes[index] and not any(w._stopping.is_set() for w in self.workers if w is not worker):
+        if self._codes[index] and not any(w.control.stopping.is_set() for w in self.workers if w is not worker):
             logger.critical(
                 "the pool of queue %s stopped (exit %d); stopping the others", worker.queues, self._codes[index]
             )

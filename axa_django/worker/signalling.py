@@ -8,17 +8,23 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
-
-from .control import Control
+from typing import Any, Protocol
 
 logger = logging.getLogger("axa_django")
 
 
-class Signals:
-    """Turns SIGTERM/SIGINT into ``Control.stop``, then ``Control.abort``, on a thread of its own."""
+class Stoppable(Protocol):
+    """What signals stop: a worker's Control, or a reloading worker (reloading.py)."""
 
-    def __init__(self, control: Control) -> None:
+    def stop(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+class Signals:
+    """Turns SIGTERM/SIGINT into ``stop``, then ``abort``, on a thread of its own."""
+
+    def __init__(self, control: Stoppable) -> None:
         self.control = control
         self._count = 0
         self._queue: queue_module.SimpleQueue[int | None] = queue_module.SimpleQueue()

@@ -16,7 +16,15 @@ from axa_django.management.argtypes import seconds, whole
 from axa_django.ops.budget import start_line
 from axa_django.ops.health import check_health_file
 from axa_django.selection import UnknownQueues, check_known_queues, check_queue
-from axa_django.worker import CannotConnect, NotMigrated, PoolerMisconfigured, UnknownJobs, Worker, task_backend_aliases
+from axa_django.worker import (
+    CannotConnect,
+    NotMigrated,
+    PoolerMisconfigured,
+    UnknownJobs,
+    Worker,
+    reloading,
+    task_backend_aliases,
+)
 from axa_django.worker.logs import configure_for_command
 from axa_django.worker.pools import Pools, split
 
@@ -99,6 +107,12 @@ class Command(BaseCommand):
             help="seconds a job past its timeout may take to stop before its thread is replaced (default 5)",
         )
         parser.add_argument(
+            "--reload",
+            action="store_true",
+            help="development: restart the worker when its code changes, as runserver does (running jobs get "
+            f"--grace-period, default {reloading.RELOAD_GRACE:g}s, then go back to the queue); not with --burst",
+        )
+        parser.add_argument(
             "--health-file",
             type=_health_file,
             default=None,
@@ -107,13 +121,21 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_for_command(options["verbosity"])
+        reload = options["reload"]
+        if reload and options["burst"]:
+            raise CommandError(
+                "--reload restarts a worker that runs until stopped, and --burst stops once no job is ready: "
+                "give one of them",
+                returncode=2,
+            )
         checked = options["queues"] or []
         queues = checked + (options["new_queues"] or [])
+        grace = options["grace_period"]
         common = {
             "poll_interval": options["poll_interval"],
             "burst": options["burst"],
             "names": options["names"],
-            "grace_period": options["grace_period"],
+            "grace_period": reloading.RELOAD_GRACE if reload and grace is None else grace,
             "log_attempts": options["verbosity"] >= 2,
             "timeout_grace": options["timeout_grace"],
             "prefetch": options["prefetch"],
@@ -134,11 +156,17 @@ class Command(BaseCommand):
         except ValueError as error:
             raise CommandError(str(error)) from None
         self._check_queues([queue for queue, _ in checked], [queue for queue, _ in options["new_queues"] or []])
+        if reload and not reloading.in_child():
+            # This process only watches over the one that runs the worker, and restarts it.
+            code = reloading.supervise()
+            if code:
+                sys.exit(code)
+            return
         # Per-queue pools are workers of their own: each says what it holds and beats the file.
         for member in worker.workers if isinstance(worker, Pools) else [worker]:
             logging.getLogger("axa_django").info(start_line(member.concurrency, member.notify))
         try:
-            code = worker.run()
+            code = reloading.serve(worker) if reload else worker.run()
         except (CannotConnect, NotMigrated, PoolerMisconfigured) as error:
             raise CommandError(str(error), returncode=2) from None
         if code:
