@@ -33,7 +33,7 @@ ORDER = [
     "context",
     "execution.timeouts",
     "execution.attempts",
-    "worker.dberrors",
+    "execution.dberrors",
     "worker.logs",
     "devdb",
     "admin.pagination",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import psycopg
 import pytest
 from django.db import connection, transaction
 
@@ -45,6 +46,16 @@ def times_out() -> None:
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL statement_timeout = '20ms'")
         cursor.execute("SELECT pg_sleep(5)")
+
+
+@background_job(max_losses=1)
+def connects(dbname: str | None = None) -> None:
+    # No server on port 1 (a database down), or a database the server refuses (the job's mistake).
+    s = connection.settings_dict
+    if dbname is None:
+        psycopg.connect(host="127.0.0.1", port=1, connect_timeout=5).close()
+    params = {"host": s["HOST"], "port": s["PORT"] or None, "user": s["USER"], "password": s["PASSWORD"]}
+    psycopg.connect(**params, dbname=dbname, connect_timeout=5).close()
 
 
 def burst_in_thread() -> tuple[Worker, threading.Thread]:
@@ -109,3 +120,17 @@ def test_an_operational_error_on_a_live_connection_is_the_jobs_own_failure():
     assert entry["type"] == "django.db.utils.OperationalError"
     assert "canceling statement due to statement timeout" in entry["message"]
     assert Job.objects.count() == 1
+
+
+def test_a_server_that_refuses_connections_is_a_loss_and_a_database_that_does_not_exist_a_failure():
+    down = connects.perform_later()
+    missing = connects.perform_later(dbname="axa_no_such_database")
+    _, thread = burst_in_thread()
+    thread.join(timeout=60)
+    down.refresh_from_db()
+    missing.refresh_from_db()
+    assert (down.status, down.attempts, down.losses) == ("failed", 1, 1)
+    assert down.error.startswith("DatabaseLost: the database connection of this job was lost 1 times (max_losses 1)")
+    assert (missing.status, missing.attempts, missing.losses) == ("failed", 1, 0)
+    assert missing.errors[-1]["type"] == "psycopg.OperationalError", missing.errors
+    assert 'database "axa_no_such_database" does not exist' in missing.error

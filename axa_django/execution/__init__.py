@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 from asgiref.sync import async_to_sync
-from django.db import InterfaceError, OperationalError, connections
+from django.db import connections
 from django.db.backends.signals import connection_created
 
 from .. import conf, dependencies, sql
@@ -27,6 +27,7 @@ from ..exceptions import BadResult, BadRow, LeakedTransaction, NoHandler, stored
 from ..ops import tracing
 from ..signals import job_finished
 from ..sql import refused
+from . import dberrors
 from .attempts import Attempt
 from .timeouts import Watch, call
 
@@ -191,7 +192,7 @@ def failure(job: Claimed, function: Any, error: BaseException, worker_id: uuid.U
         logger.info("job %s %s cancelled", job.name, job.id)
         return Outcome(job.id, job.name, job.attempt, "cancelled", error=text, entry=entry)
     # A worker's attempt only: inline, the connection is the caller's, and its transaction died with it.
-    if worker_id is not None and database_lost(error):
+    if worker_id is not None and dberrors.database_lost(error):
         return lost(job, message, text, worker_id)
     allowed = job.max_attempts or (function.attempts_allowed if function else 1)
     permanent = function is None or isinstance(error, ArgumentsMismatch | BadResult | BadRow | NoHandler)
@@ -211,30 +212,7 @@ def failure(job: Claimed, function: Any, error: BaseException, worker_id: uuid.U
     return Outcome(job.id, job.name, job.attempt, "failed", error=text, entry=entry)
 
 
-# What a connection that died under the job raises (psycopg's, and Django's wrappers of them).
-_CONNECTION_ERRORS = (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
 LOST_TYPE = "DatabaseLost"
-
-
-def database_lost(error: BaseException) -> bool:
-    """Whether ``error`` is the database going away under the job, not the job's own failure.
-
-    It must be (or be caused by) a connection error, and one of this thread's Django
-    connections must be broken now: a statement_timeout, a deadlock or a lock timeout
-    raise OperationalError too, on a connection that still works, and are the job's.
-    """
-    seen: set[int] = set()
-    cause: BaseException | None = error
-    while cause is not None and id(cause) not in seen and not isinstance(cause, _CONNECTION_ERRORS):
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    if cause is None or id(cause) in seen or not _connected.opened:
-        return False
-    for connection in connections.all(initialized_only=True):
-        raw = connection.connection
-        if raw is not None and (raw.closed or raw.broken):
-            return True
-    return False
 
 
 def lost(job: Claimed, message: str, text: str, worker_id: uuid.UUID | None) -> Outcome:

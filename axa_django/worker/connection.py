@@ -12,8 +12,8 @@ from django.db import connections
 
 from .. import conf, sql
 from ..exceptions import CannotConnect
+from ..execution import dberrors
 from ..sql import refused
-from . import dberrors
 from .control import Control
 from .ledger import Ledger
 from .options import Options

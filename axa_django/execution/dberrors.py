@@ -1,0 +1,90 @@
+"""Telling a database that refuses us (wrong password, no such database) from one that is not up yet,
+and a job's error that is the database going away under it from the job's own."""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+from django.db import InterfaceError, OperationalError, connections
+
+# libpq reports a refused connection as text only (psycopg's sqlstate is None then), so
+# the server's messages for SQLSTATE class 28 (authentication, unknown role) and 3D000
+# (no such database), and libpq's own for a missing password, are matched as written
+# by PostgreSQL in English. A server whose lc_messages is another language is retried
+# as if it were not up yet, saying so with its message.
+_REFUSED = re.compile(
+    r"authentication failed for user"
+    r"|no pg_hba\.conf entry for"
+    r"|pg_hba\.conf rejects connection"
+    r"|role \".*\" does not exist"
+    r"|role \".*\" is not permitted to log in"
+    r"|database \".*\" does not exist"
+    r"|permission denied for database"
+    r"|no password supplied"
+)
+
+
+class ReadOnlyServer(psycopg.OperationalError):
+    """The server reached takes no writes (a standby in recovery, or default_transaction_read_only on).
+
+    An OperationalError, so that every loop of the worker waits and reconnects through it
+    as through an outage: with a multi-host connection string, libpq's next try may reach
+    the primary; a standby may be promoted.
+    """
+
+
+# Whether a session can write: asked once per connection.
+READ_ONLY = "pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on'"
+
+
+def refused(error: psycopg.Error) -> bool:
+    """Whether ``error`` says the server refused these credentials or this database (retrying cannot help)."""
+    code = getattr(error, "sqlstate", None)
+    if code:
+        return code.startswith("28") or code == "3D000"
+    return bool(_REFUSED.search(str(error)))
+
+
+def message(error: psycopg.Error) -> str:
+    """The server's message in ``error``, on one line."""
+    text = str(error).strip()
+    text = text.removeprefix("connection failed: ")
+    return " ".join(text.split())
+
+
+# What a connection that died under the job raises (psycopg's, and Django's wrappers of them).
+_CONNECTION_ERRORS = (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
+# A server going away, never a statement failing on a live connection: class 08 (connection
+# exception), or the server shutting down or not taking connections yet (57P01-57P03).
+_GONE = ("57P01", "57P02", "57P03")
+
+
+def database_lost(error: BaseException) -> bool:
+    """Whether ``error`` is the database going away under the job, not the job's own failure.
+
+    It must be (or be caused by) a connection error that says the server went away (an
+    OperationalError without SQLSTATE is libpq's: a connection refused or dropped), or
+    one of this thread's Django connections must be broken now. A statement_timeout, a
+    deadlock or a lock timeout raise OperationalError too, on a connection that still
+    works, and are the job's; so are refused credentials and a database that does not exist.
+    """
+    found = False
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, _CONNECTION_ERRORS):
+            found = True
+            if isinstance(cause, psycopg.OperationalError) and not refused(cause):
+                code = cause.sqlstate
+                if code is None or code.startswith("08") or code in _GONE:
+                    return True
+        cause = cause.__cause__ or cause.__context__
+    if not found:
+        return False
+    for connection in connections.all(initialized_only=True):
+        raw = connection.connection
+        if raw is not None and (raw.closed or raw.broken):
+            return True
+    return False
