@@ -178,7 +178,8 @@ class Workers:
 def _print_tail(proc: subprocess.Popen[str]) -> None:
     """Print what a worker wrote that its test did not read: pytest shows it when the test failed."""
     assert proc.stdout is not None
-    with contextlib.suppress(OSError, ValueError):
+    # TypeError: a text read of a non-blocking pipe that has nothing yet (a child holds it open).
+    with contextlib.suppress(OSError, ValueError, TypeError):
         os.set_blocking(proc.stdout.fileno(), False)  # a child of the worker may still hold the pipe
         tail = (proc.stdout.read() or "").splitlines()[-80:]
         if tail:
