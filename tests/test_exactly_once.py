@@ -235,7 +235,7 @@ def test_mistakes_fail_the_job_saying_how_to_fix_them():
     errors = [attempts[job.pk].error.rstrip().splitlines()[-1] for job in jobs_]
     assert "TransactionManagementError: complete_in_transaction() completes job" in errors[0]
     assert "this attempt completed it already (complete_in_transaction() was called twice)" in errors[1]
-    assert "TypeError: the result of job" in errors[2]
+    assert "TypeError: Unsupported type: <class 'set'>: the result of job" in errors[2]
     assert "inside the function you pass to sync_to_async" in errors[3]
     assert [fresh(job).status for job in jobs_] == ["failed"] * 4
     assert Effect.objects.count() == 0
