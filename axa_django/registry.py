@@ -11,7 +11,6 @@ from dataclasses import replace
 from typing import Any, Generic, NoReturn, ParamSpec, TypeVar, overload
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.core import checks
 from django.core.signals import setting_changed
 from django.dispatch import receiver
@@ -21,7 +20,7 @@ from .arguments import bind, check_kwargs, misspelt_keywords, of_item, prepare
 from .enqueuing import cronexpr, flow, rows
 from .enqueuing.encoding import BulkResult
 from .enqueuing.options import MAX_DELAY, Options, check_name, check_text
-from .enqueuing.reach import UnreachableJobWarning, unknown_target, why_unreachable
+from .enqueuing.reach import VERDICTS, UnreachableJobWarning, warning_text, why_unreachable
 from .execution.inline import run_inline
 from .models import Job
 from .ops import tracing
@@ -31,11 +30,21 @@ R = TypeVar("R")
 
 registry: dict[str, JobFunction[Any, Any]] = {}
 
-# The warning each (job name, queue) enqueued so far gave, None for none: an enqueue of
-# a known job into a known queue then costs one dict lookup. Cleared when a job
-# registers or settings.TASKS changes, which change what is known.
-_verdicts: dict[tuple[str, str], tuple[type[UnreachableJobWarning], str] | None] = {}
+# The verdict of each (job name, queue) enqueued so far, None for known (reach.Verdicts):
+# an enqueue of a known job into a known queue costs this one dict lookup, no lock.
+_verdicts = VERDICTS.cache
 _UNSEEN = object()
+
+# Celery's and django.tasks' ways to enqueue, which a JobFunction lacks: (their call, ours),
+# said by __getattr__ in the AttributeError rather than a bare "has no attribute".
+_OTHER_WAYS = {
+    "delay": ("delay(...)", "{}.perform_later(...), with the same arguments"),
+    "apply_async": (
+        "apply_async(args, kwargs, countdown=..., queue=...)",
+        "{}.using(delay=timedelta(seconds=...), queue=..., priority=...).perform_later(*args, **kwargs)",
+    ),
+    "enqueue": ("enqueue(...) (a django.tasks @task's)", "{}.perform_later(...)"),
+}
 
 
 def default_backoff(attempt: int) -> float:
@@ -237,10 +246,11 @@ class JobFunction(Generic[P, R]):
         # it writes any, or, for a batch it copies, while the server takes in the rows
         # before (a bad one aborts the COPY, writing none).
         items = self._items([_split(call) for call in calls])
-        # Once per call: every item goes to this queue (keys differ by call, queues do not).
+        jobs = tracing.enqueued(self.name, rows.write_many, items, self, self._fixed_options())
+        # Once per call (every item goes to this queue), after the items were checked as
+        # written: a bad one raises before any SQL, and the judgement may read the tables.
         if _verdicts.get((self.name, self.options.queue), _UNSEEN) is not None:
             _warn_if_unknown(self.name, self.options.queue)
-        jobs = tracing.enqueued(self.name, rows.write_many, items, self, self._fixed_options())
         if conf.get("MODE") == "immediate":
             for job in jobs:
                 run_inline(job, self)
@@ -254,36 +264,33 @@ class JobFunction(Generic[P, R]):
 
     async def aperform_later(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Async perform_later, for async views."""
-        return await sync_to_async(self.perform_later)(*args, **kwargs)
+        # Judged here, so that a warning names the caller's line, not asgiref's; a first
+        # judgement may read the tables, which only a thread may.
+        queue = self.options.queue  # every call's: _options_for changes keys, not the queue
+        verdict = _verdicts.get((self.name, queue), _UNSEEN)
+        if verdict is _UNSEEN:
+            verdict = await sync_to_async(VERDICTS.verdict)(self.name, queue, registry)
+        if verdict is not None:
+            _warn(self.name, queue, verdict)
+        return await sync_to_async(self._perform_later)(args, kwargs)
 
-    # Celery's and django.tasks' ways to enqueue, answered with ours rather than a bare
-    # "has no attribute" (properties: hasattr() stays False, and no __getattr__ is paid).
-    @property
-    def delay(self) -> NoReturn:
+    def _perform_later(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Job:
+        """perform_later, judged already."""
+        arguments = bind(self.signature, self.name, args, kwargs)
+        job = tracing.enqueued(self.name, rows.write, self.name, arguments, self._options_for(arguments), self)
+        if conf.get("MODE") == "immediate" and job.status == Job.Status.QUEUED:
+            run_inline(job, self)
+        return job
+
+    def __getattr__(self, attribute: str) -> NoReturn:
+        # Only failed lookups come here, so an attribute that exists costs nothing more.
+        if attribute not in _OTHER_WAYS:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {attribute!r}", name=attribute)
+        theirs, ours = _OTHER_WAYS[attribute]
         raise AttributeError(
-            self._not_here("delay(...)", f"{self.__name__}.perform_later(...), with the same arguments")
-        )
-
-    @property
-    def apply_async(self) -> NoReturn:
-        raise AttributeError(
-            self._not_here(
-                "apply_async(args, kwargs, countdown=..., queue=...)",
-                f"{self.__name__}.using(delay=timedelta(seconds=...), queue=..., priority=...).perform_later"
-                "(*args, **kwargs)",
-            )
-        )
-
-    @property
-    def enqueue(self) -> NoReturn:
-        raise AttributeError(
-            self._not_here("enqueue(...) (a django.tasks @task's)", f"{self.__name__}.perform_later(...)")
-        )
-
-    def _not_here(self, theirs: str, ours: str) -> str:
-        return (
-            f"{type(self).__name__} object has no attribute {theirs.split('(')[0]!r}: {self.name!r} is an axa_django "
-            f"background job, which has no {theirs}; enqueue it with {ours}"
+            f"{type(self).__name__} object has no attribute {attribute!r}: {self.name!r} is an axa_django "
+            f"background job, which has no {theirs}; enqueue it with {ours.format(self.__name__)}",
+            name=attribute,
         )
 
 
@@ -333,7 +340,7 @@ def background_job(func: Callable[..., Any] | None = None, /, *, name: str | Non
         if job.unreachable is not None:
             warnings.warn(job.unreachable, UnreachableJobWarning, stacklevel=_outside_this_module())
         registry[job.name] = job
-        _verdicts.clear()
+        VERDICTS.forget()
         return job
 
     if func is not None:
@@ -383,32 +390,27 @@ def enqueue_many(name: str, calls: Iterable[Mapping[str, Any]], /) -> BulkResult
     return tracing.enqueued(name, rows.write_many, items, None)
 
 
-def known_queues() -> set[str]:
-    """The queues this process knows: "default", registered jobs' queues, and settings.TASKS' QUEUES."""
-    queues = {Options.queue} | {job.options.queue for job in registry.values()}
-    tasks = getattr(settings, "TASKS", None)
-    for params in tasks.values() if isinstance(tasks, dict) else ():
-        # Any backend's: a queue a project names anywhere is not a typo.
-        listed = params.get("QUEUES", ()) if isinstance(params, dict) else ()
-        queues.update(queue for queue in listed if isinstance(queue, str))
-    return queues
-
-
 def _warn_if_unknown(name: str, queue: str) -> None:
     """UnknownJobWarning or UnknownQueueWarning unless this process knows job ``name`` and ``queue``."""
-    key = (name, queue)
-    verdict = _verdicts.get(key, _UNSEEN)
-    if verdict is _UNSEEN:
-        verdict = _verdicts[key] = unknown_target(name, queue, registry, known_queues())
+    verdict = VERDICTS.verdict(name, queue, registry)
     if verdict is not None:
-        category, message = verdict
-        warnings.warn(message, category, stacklevel=_outside_this_module())
+        _warn(name, queue, verdict)
+
+
+def _warn(name: str, queue: str, verdict: tuple[type[UnreachableJobWarning], tuple[str, ...]]) -> None:
+    warnings.warn(warning_text(name, queue, verdict), verdict[0], stacklevel=_outside_this_module())
+
+
+def forget_verdicts() -> None:
+    """Judge every (job name, queue) afresh from the next enqueue on, and read the paused and limited
+    queues again: done when a job registers or the settings change."""
+    VERDICTS.forget()
 
 
 @receiver(setting_changed)
 def _forget_verdicts(*, setting: str, **kwargs: Any) -> None:
-    if setting == "TASKS":
-        _verdicts.clear()
+    if setting in ("TASKS", "AXA_DJANGO", "DATABASES"):
+        VERDICTS.forget()
 
 
 def unknown_parameters(job: JobFunction[Any, Any], kwargs: Mapping[str, Any]) -> str | None:

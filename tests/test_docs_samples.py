@@ -96,6 +96,9 @@ ELSEWHERE: dict[tuple[str, str], str] = {
     ("docs/testing.md", "# shop/services.py"): "tests/test_testing_helpers*.py (docs_examples.run_block)",
     ("docs/testing.md", "# shop/test_jobs.py"): "tests/test_testing_helpers.py collects its tests",
     ("docs/testing.md", "# shop/tests.py"): "tests/test_testing_helpers_testcase.py collects its tests",
+    ("docs/testing.md", "# pyproject.toml: a suite whose warnings are errors, and a job that a Rust service runs"): (
+        "tests/test_first_hour_traps.py applies its lines as pytest does, then enqueues what they name and one they do not"
+    ),
     ("docs/deployment.md", "LOGGING = {"): "the LOGGING of tests/docs_settings.py, the README test's worker",
     ("docs/jobs.md", "from django.db import transaction"): "tests/test_exactly_once.py runs it on a real table",
     ("docs/jobs.md", "# shop/models.py"): "tests/test_references.py runs this pattern (tests/refapp/models.py)",

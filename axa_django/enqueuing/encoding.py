@@ -101,13 +101,22 @@ def _params(name: str, args: dict[str, Any], options: Options, job_id: uuid.UUID
 def _migrated(using: str) -> Iterator[None]:
     """Raise QueueTableMissing, naming the fix, for a statement that found no queue table.
 
+    Only for one of the package's own tables (axa_*, which the message names in any
+    language), missing to the statement itself: a table missing to a user's trigger or
+    function on axa_queue (diag.context says where it was raised) is the user's, left as it is.
+
     The failed statement has aborted the caller's transaction, if any: nothing more is
     sent, the error is only said again, as a ProgrammingError still, chained from it.
     """
     try:
         yield
     except ProgrammingError as error:
-        if not isinstance(error.__cause__, psycopg.errors.UndefinedTable):
+        cause = error.__cause__
+        if (
+            not isinstance(cause, psycopg.errors.UndefinedTable)
+            or cause.diag.context
+            or "axa_" not in (cause.diag.message_primary or "")
+        ):
             raise
         name = connections[using].settings_dict.get("NAME")
         option = "" if using == "default" else f" --database {using}"

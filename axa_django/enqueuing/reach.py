@@ -10,21 +10,36 @@ process enqueues it, tests that import it pass, and no worker ever runs it.
 
 A job enqueued by a name no job of this process has, or into a queue nothing here
 declares (a typo: ``enqueue("shop.jobs.send_welcom")``, ``using(queue="emials")``), is
-written all the same and waits, perhaps forever: ``unknown_target`` says so.
+written all the same and waits, perhaps forever: ``VERDICTS`` judges each (name, queue)
+once, and ``warning_text`` says so.
 """
 
 from __future__ import annotations
 
 import difflib
+import re
 import sys
-from collections.abc import Collection, Iterable
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from django.apps import AppConfig, apps
 from django.conf import settings
+from django.db import DatabaseError, connections, transaction
 
+from .. import conf
 from ..exceptions import UnknownJobWarning, UnknownQueueWarning, UnreachableJobWarning
 
-__all__ = ["UnknownJobWarning", "UnknownQueueWarning", "UnreachableJobWarning", "unknown_target", "why_unreachable"]
+__all__ = [
+    "VERDICTS",
+    "UnknownJobWarning",
+    "UnknownQueueWarning",
+    "UnreachableJobWarning",
+    "Verdict",
+    "Verdicts",
+    "warning_text",
+    "why_unreachable",
+]
 
 
 def why_unreachable(job: str, module: str | None) -> str | None:
@@ -95,42 +110,149 @@ def did_you_mean(word: str, known: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(same_tail + close))[:3]
 
 
-def _guess(word: str, known: Iterable[str]) -> str:
-    guesses = did_you_mean(word, known)
+# What an enqueue of (job name, queue) is told: None when this process knows both, else
+# the warning's class and what the name or queue was likely meant as. The message is
+# built when shown, from these and the key: a verdict stays a few dozen bytes.
+Verdict = tuple[type[UnreachableJobWarning], tuple[str, ...]] | None
+
+# Verdicts kept at most; past that the oldest goes (per-tenant queues come and go).
+MOST_VERDICTS = 1000
+# Options.queue's default (options sits above this module).
+_DEFAULT_QUEUE = "default"
+# The queues an operator paused or limited (manage.py queues pause / limit): runworker's
+# --queue counts them as known, and so does the verdict.
+TABLE_QUEUES = "SELECT queue FROM axa_paused_queue UNION SELECT queue FROM axa_queue_limit"
+_UNSEEN: Any = object()
+
+
+class Verdicts:
+    """The verdict of each (job name, queue) enqueued so far, judged once.
+
+    ``cache`` is read without a lock (a dict's get is atomic): an enqueue of a known job
+    into a known queue costs that one lookup. It is written under ``lock``. ``forget``
+    (a job registered, the settings changed) starts a new generation: a judgement begun
+    before it is not stored, as it may not have seen what was registered. Judgements read
+    the registry through snapshots, which another thread registering a job cannot change
+    under them.
+    """
+
+    def __init__(self) -> None:
+        self.cache: dict[tuple[str, str], Verdict] = {}
+        self.lock = threading.Lock()
+        self.generation = 0
+        # TABLE_QUEUES' answer, read at most once a generation, when a queue would otherwise be warned about.
+        self.tables: frozenset[str] | None = None
+
+    def forget(self) -> None:
+        """Judge afresh from now on, the paused and limited queues read again when needed."""
+        with self.lock:
+            self.generation += 1
+            self.cache.clear()
+            self.tables = None
+
+    def verdict(self, name: str, queue: str, jobs: Mapping[str, Any]) -> Verdict:
+        """The verdict for enqueueing job ``name`` into ``queue``; ``jobs``: the registry (name -> JobFunction)."""
+        key = (name, queue)
+        found = self.cache.get(key, _UNSEEN)
+        if found is not _UNSEEN:
+            return found  # type: ignore[no-any-return]
+        generation = self.generation  # read before the snapshots: a later registration bumps it
+        found = self._judge(name, queue, jobs, generation)
+        with self.lock:
+            if self.generation == generation and key not in self.cache:
+                if len(self.cache) >= MOST_VERDICTS:
+                    del self.cache[next(iter(self.cache))]
+                self.cache[key] = found
+        return found
+
+    def _judge(self, name: str, queue: str, jobs: Mapping[str, Any], generation: int) -> Verdict:
+        known_jobs = conf.get("KNOWN_JOBS")
+        if name not in jobs and name not in known_jobs:
+            return UnknownJobWarning, tuple(did_you_mean(name, (*tuple(jobs), *known_jobs)))
+        queues = code_queues(tuple(jobs.values()))
+        if queue in queues:
+            return None  # a registered job's own queue never costs a query
+        tables = self.tables
+        if tables is None:
+            tables = table_queues()
+            with self.lock:
+                if self.generation == generation:
+                    self.tables = tables
+        if queue in tables:
+            return None
+        return UnknownQueueWarning, tuple(did_you_mean(queue, queues | tables))
+
+
+VERDICTS = Verdicts()
+
+
+def code_queues(jobs: Iterable[Any]) -> frozenset[str]:
+    """The queues the code and the settings know: "default", ``jobs``' queues, settings.TASKS' QUEUES and
+    AXA_DJANGO["KNOWN_QUEUES"]."""
+    queues = {_DEFAULT_QUEUE, *conf.get("KNOWN_QUEUES")}
+    queues.update(job.options.queue for job in jobs)
+    tasks = getattr(settings, "TASKS", None)
+    for params in tasks.values() if isinstance(tasks, dict) else ():
+        # Any backend's: a queue a project names anywhere is not a typo.
+        listed = params.get("QUEUES", ()) if isinstance(params, dict) else ()
+        queues.update(queue for queue in listed if isinstance(queue, str))
+    return frozenset(queues)
+
+
+def table_queues() -> frozenset[str]:
+    """The queues paused or limited in the queue database; none when they cannot be read.
+
+    Read in a savepoint (a transaction of its own outside one): an enqueue inside the
+    caller's transaction goes on as it would have, whatever this query met (tables not
+    migrated yet, a broken transaction, a lost connection), and the error is the enqueue's to say.
+    """
+    alias = conf.get("DATABASE")
+    try:
+        with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+            cursor.execute(TABLE_QUEUES)
+            return frozenset(queue for (queue,) in cursor.fetchall())
+    except DatabaseError:
+        return frozenset()
+
+
+def _guess(guesses: tuple[str, ...]) -> str:
     return f"Did you mean {' or '.join(map(repr, guesses))}? " if guesses else ""
 
 
-def _silence(category: type[Warning], subject: str) -> str:
-    # The message filter matches the start of the message, which names the subject.
+def _literal(pattern: str) -> str:
+    """``pattern`` as a Python string literal to paste: raw when it holds backslashes."""
+    if '"' in pattern:
+        return repr(pattern)
+    return f'r"{pattern}"' if "\\" in pattern else f'"{pattern}"'
+
+
+def _silence(category: type[Warning], kind: str, subject: str, setting: str) -> str:
+    # The message filter is a regular expression matched at the start of the message,
+    # which names the subject: escaped, a name such as 'Mailer(v2)' matches itself.
+    pattern = f"{kind} {re.escape(repr(subject))}"
     return (
-        f"silence this warning in settings.py: warnings.filterwarnings('ignore', "
-        f'category=axa_django.{category.__name__}, message="{subject}")'
+        f"list it in AXA_DJANGO[{setting!r}] in settings.py, or silence this warning there: warnings.filterwarnings("
+        f"'ignore', category=axa_django.{category.__name__}, message={_literal(pattern)})"
     )
 
 
-def unknown_target(
-    name: str, queue: str, names: Collection[str], queues: Collection[str]
-) -> tuple[type[UnreachableJobWarning], str] | None:
-    """The warning for enqueueing job ``name`` into ``queue``, or None when this process knows both.
+def warning_text(name: str, queue: str, verdict: tuple[type[UnreachableJobWarning], tuple[str, ...]]) -> str:
+    """The message of ``verdict`` for enqueueing job ``name`` into ``queue``.
 
-    ``names``: the jobs registered here; ``queues``: the queues known here (registered
-    jobs' queues, settings.TASKS' QUEUES, "default"). Each message begins with its
-    subject (``job 'x'``, ``queue 'y'``), so a filter can silence one name or queue.
+    It begins with its subject (``job 'x'``, ``queue 'y'``), so a filter can silence one
+    name or queue, and ends with that filter.
     """
-    if name not in names:
-        subject = f"job {name!r}"
-        return UnknownJobWarning, (
-            f"{subject} is enqueued, but no job of this process is registered under that name, so no worker of "
-            f"this project runs it: the row waits until a worker that defines it claims it. {_guess(name, names)}"
+    category, guesses = verdict
+    if category is UnknownJobWarning:
+        return (
+            f"job {name!r} is enqueued, but no job of this process is registered under that name, so no worker of "
+            f"this project runs it: the row waits until a worker that defines it claims it. {_guess(guesses)}"
             "If another service runs it (a Rust worker, another Django project), "
-            f"{_silence(UnknownJobWarning, subject)}"
+            f"{_silence(category, 'job', name, 'KNOWN_JOBS')}"
         )
-    if queue not in queues:
-        subject = f"queue {queue!r}"
-        return UnknownQueueWarning, (
-            f"{subject} (job {name!r}) is declared by no registered job and listed by no backend in settings.TASKS: "
-            f"a worker started with --queue takes only the queues it names, so the row may wait forever. "
-            f"{_guess(queue, queues)}If a worker serves it (runworker --queue {queue}), "
-            f"{_silence(UnknownQueueWarning, subject)}"
-        )
-    return None
+    return (
+        f"queue {queue!r} (job {name!r}) is declared by no registered job, listed by no backend in settings.TASKS "
+        "nor in AXA_DJANGO['KNOWN_QUEUES'], and neither paused nor limited: a worker started with --queue takes "
+        f"only the queues it names, so the row may wait forever. {_guess(guesses)}If a worker serves it "
+        f"(runworker --queue {queue}), {_silence(category, 'queue', queue, 'KNOWN_QUEUES')}"
+    )
