@@ -9,16 +9,30 @@ on a connection that still works (a statement_timeout) is the job's own failure,
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import socket
 import threading
+import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
+from django.test.utils import override_settings
 
-from axa_django import Job, background_job
-from axa_django.worker import Worker
+from axa_django import Job, background_job, conf
+from axa_django.execution import finish, lost
+from axa_django.execution.dberrors import database_lost
+from axa_django.signals import job_finished
+from axa_django.worker import Worker, connect
 from tests.conftest import AXA_APPS, wait_for
+from tests.races import claim, register
+from tests.tasks_api import TaskResultStatus, task, task_finished
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
@@ -134,3 +148,320 @@ def test_a_server_that_refuses_connections_is_a_loss_and_a_database_that_does_no
     assert (missing.status, missing.attempts, missing.losses) == ("failed", 1, 0)
     assert missing.errors[-1]["type"] == "psycopg.OperationalError", missing.errors
     assert 'database "axa_no_such_database" does not exist' in missing.error
+
+
+# -- a job in a transaction (most jobs that write) --------------------------------------
+
+
+@background_job
+@transaction.atomic
+def sleeps_in_a_transaction_the_first_time(marker: str) -> str:
+    Job.objects.filter(pk__in=[]).update(priority=1)  # the transaction has begun on the server
+    if not Path(marker).exists():
+        Path(marker).touch()
+        with connection.cursor() as cursor:
+            cursor.execute(SLEEP)
+    return "ran again"
+
+
+def end_the_sleeping_backend() -> None:
+    def sleeping() -> int | None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query = %s", [SLEEP]
+            )
+            row = cursor.fetchone()
+        return row[0] if row else None
+
+    pid = wait_for(sleeping, what="the job's query on the server")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+
+def test_a_job_in_a_transaction_whose_connection_is_ended_is_lost_not_failed(tmp_path):
+    # Leaving atomic(), Django's rollback fails on the dead connection and Django closes it:
+    # no broken connection is left to see, only the error the job raised.
+    job = sleeps_in_a_transaction_the_first_time.perform_later(marker=str(tmp_path / "ran"))
+    worker, thread = burst_in_thread()
+    try:
+        end_the_sleeping_backend()
+    finally:
+        thread.join(timeout=60)
+    assert not thread.is_alive()
+    job.refresh_from_db()
+    assert (job.status, job.result, job.attempts, job.losses) == ("completed", "ran again", 1, 1), job.errors
+    assert [entry["type"] for entry in job.errors] == ["DatabaseLost"]
+    assert worker.outcomes == {"queued": 1, "completed": 1}
+
+
+# -- which errors are the database going away -------------------------------------------
+
+
+def _params(**extra: Any) -> dict[str, Any]:
+    s = connection.settings_dict
+    params = {"host": s["HOST"], "port": s["PORT"] or None, "user": s["USER"], "password": s["PASSWORD"]}
+    return {**params, "dbname": s["NAME"], "connect_timeout": 10, "autocommit": True, **extra}
+
+
+def _raised(run: Any) -> BaseException:
+    try:
+        run()
+    except psycopg.Error as error:
+        return error
+    raise AssertionError(f"{run} raised nothing")
+
+
+def _port_with_no_server() -> int:
+    with socket.socket() as s:  # a server restarting: its port refuses, as a stopped cluster's does
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ended(conn: psycopg.Connection[Any]) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [conn.info.backend_pid])
+    conn.execute("SELECT 1")
+
+
+def _in_transaction(conn: psycopg.Connection[Any], *statements: str) -> None:
+    with conn.transaction():
+        for statement in statements:
+            conn.execute(statement)
+
+
+def _deadlock(a: psycopg.Connection[Any], b: psycopg.Connection[Any]) -> BaseException:
+    """Each takes one advisory lock, then asks for the other's: the server ends one of them, with 40P01."""
+    both = threading.Barrier(2, timeout=30)
+    raised: list[BaseException] = []
+
+    def lock(conn: psycopg.Connection[Any], first: int, second: int) -> None:
+        try:
+            with conn.transaction():
+                conn.execute("SET LOCAL deadlock_timeout = '10ms'")
+                conn.execute("SELECT pg_advisory_xact_lock(7351, %s)", [first])
+                both.wait()
+                conn.execute("SELECT pg_advisory_xact_lock(7351, %s)", [second])
+        except psycopg.errors.DeadlockDetected as error:
+            raised.append(error)
+
+    threads = [threading.Thread(target=lock, args=args) for args in ((a, 1, 2), (b, 2, 1))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    [error] = raised
+    return error
+
+
+def test_the_database_going_away_is_told_from_the_jobs_own_errors():
+    # Real errors, from the real server: a job's connection ended or refused is lost to the
+    # database (restarting, the server refuses connections: libpq's errors have no
+    # SQLSTATE then); a timeout, a deadlock, refused credentials or a missing database are
+    # the job's own, and fail it as any error.
+    with psycopg.connect(**_params()) as a, psycopg.connect(**_params()) as b:
+        a.execute("SELECT pg_advisory_lock(7352)")
+        own = {
+            "statement timeout": _raised(
+                lambda: _in_transaction(b, "SET LOCAL statement_timeout = '10ms'", "SELECT pg_sleep(5)")
+            ),
+            "lock timeout": _raised(
+                lambda: _in_transaction(b, "SET LOCAL lock_timeout = '10ms'", "SELECT pg_advisory_lock(7352)")
+            ),
+            "deadlock": _deadlock(a, b),
+            "wrong password": _raised(lambda: psycopg.connect(**_params(password="not the password")).close()),
+            "unknown role": _raised(lambda: psycopg.connect(**_params(user="axa_no_such_role")).close()),
+            "missing database": _raised(lambda: psycopg.connect(**_params(dbname="axa_no_such_database")).close()),
+        }
+        a.execute("SELECT pg_advisory_unlock(7352)")
+        gone = {
+            "backend ended": _raised(lambda: _ended(a)),
+            "connection refused": _raised(
+                lambda: psycopg.connect(**_params(host="127.0.0.1", port=_port_with_no_server())).close()
+            ),
+        }
+    assert [type(error).__name__ for error in own.values()] == [
+        "QueryCanceled",
+        "LockNotAvailable",
+        "DeadlockDetected",
+        "OperationalError",
+        "OperationalError",
+        "OperationalError",
+    ]
+    if "password authentication failed" not in str(own["wrong password"]):
+        del own["wrong password"]  # a server that trusts this host checks no password
+    assert {what: database_lost(error) for what, error in own.items()} == dict.fromkeys(own, False)
+    assert [type(error).__name__ for error in gone.values()] == ["AdminShutdown", "OperationalError"]
+    assert {what: database_lost(error) for what, error in gone.items()} == dict.fromkeys(gone, True)
+    # A server starting up or shutting down refuses a connection with 57P03, which libpq
+    # reports as text only (no SQLSTATE), as psycopg raises it:
+    for text in ("the database system is starting up", "the database system is shutting down"):
+        refused = psycopg.OperationalError(f'connection failed: connection to server at "x" failed: FATAL:  {text}')
+        assert database_lost(refused), text
+    # ... and behind what the job's own code raised instead:
+    try:
+        try:
+            raise gone["connection refused"]
+        except psycopg.Error:
+            raise RuntimeError("could not save the order") from None
+    except RuntimeError as error:
+        assert database_lost(error)
+
+
+# -- a job failed through max_losses is reported failed ----------------------------------
+
+
+@task
+def ends_its_own_connection_task() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+
+@contextlib.contextmanager
+def finished_signals() -> Iterator[tuple[dict[uuid.UUID, list[str]], list[Any]]]:
+    jobs: dict[uuid.UUID, list[str]] = {}
+    tasks: list[Any] = []
+
+    def on_job(sender: Any, job_id: uuid.UUID, status: str, **kwargs: Any) -> None:
+        jobs.setdefault(job_id, []).append(status)
+
+    def on_task(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        tasks.append(task_result.status)
+
+    job_finished.connect(on_job, weak=False)
+    task_finished.connect(on_task, weak=False)
+    try:
+        yield jobs, tasks
+    finally:
+        job_finished.disconnect(on_job)
+        task_finished.disconnect(on_task)
+
+
+def test_a_job_failed_through_max_losses_is_reported_failed(caplog):
+    # FINISH fails it (max_losses reached); the job thread said "queued" all the same: to
+    # job_finished, in its line and in the counts of the summary, and a task's
+    # task_finished was never sent.
+    caplog.set_level(logging.INFO, logger="axa_django")
+    job = ends_its_own_connection.using(max_losses=1).perform_later()
+    result = ends_its_own_connection_task.enqueue()
+    Job.objects.filter(pk=result.id).update(max_losses=1)
+    with finished_signals() as (jobs, tasks):
+        worker, thread = burst_in_thread()
+        thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert {key: Job.objects.get(pk=key).status for key in (job.pk, result.id)} == dict.fromkeys(
+        (job.pk, result.id), "failed"
+    )
+    assert jobs == {job.pk: ["failed"], uuid.UUID(str(result.id)): ["failed"]}
+    assert tasks == [TaskResultStatus.FAILED]
+    assert worker.outcomes == {"failed": 2}
+    lines = [r for r in caplog.records if "lost" in r.getMessage() and str(job.pk) in r.getMessage()]
+    assert [r.levelno for r in lines] == [logging.ERROR], [r.getMessage() for r in lines]
+    assert (
+        lines[0]
+        .getMessage()
+        .startswith(
+            f"job tests.test_worker_lost_database.ends_its_own_connection {job.pk} failed: the job's database "
+            "connection was lost (terminating connection due to administrator command), one loss more than "
+            "max_losses allows"
+        )
+    ), lines[0].getMessage()
+
+
+def test_a_row_claimed_ahead_that_fails_through_max_losses_keeps_when_it_started():
+    # Claimed ahead of a free thread, its started_at is written with its outcome; the
+    # branch that fails it (max_losses reached) left it NULL in the history.
+    job = ends_its_own_connection.using(max_losses=1).perform_later()
+    worker = uuid.uuid4()
+    with connect("default", "test") as conn:
+        register(conn, worker, [job.name])
+        [claimed] = claim(conn, [job.name], worker, ahead=True)
+        assert claimed.unmarked
+        outcome = lost(claimed, "server closed the connection unexpectedly", "Traceback ...", worker)
+        outcome.started = started = time.time() - 5  # as the ledger sets it (worker/ledger.py)
+        with conn.cursor() as cursor:
+            assert finish(cursor, [outcome], worker) == set()
+    assert outcome.status == "failed"  # what the job thread then reports
+    job.refresh_from_db()
+    assert (job.status, job.losses) == ("failed", 1)
+    assert job.started_at is not None and abs(job.started_at.timestamp() - started) < 0.01
+
+
+# -- a loss that cannot be stored ----------------------------------------------------------
+
+
+def test_max_losses_is_refused_past_what_the_database_counts():
+    # FINISH reads the outcome's max_losses as an int: past it, every loss raised "value
+    # out of range" and was written without its loss (queued, whatever the attempts said).
+    [problem] = conf.problems({"MAX_LOSSES": 2**31})
+    assert str(problem) == (
+        "AXA_DJANGO['MAX_LOSSES'] is 2147483648; it must be a positive whole number below 2147483647. (axa_django.E004)"
+    )
+    assert conf.problems({"MAX_LOSSES": 2**31 - 2}) == []
+    with pytest.raises(ImproperlyConfigured, match="MAX_LOSSES"), override_settings(AXA_DJANGO={"MAX_LOSSES": 2**31}):
+        conf.get("MAX_LOSSES")
+
+
+REFUSE_LOSSES = """
+CREATE FUNCTION axa_test_refuse_losses() RETURNS trigger LANGUAGE plpgsql AS
+$$ BEGIN RAISE EXCEPTION 'this table counts no losses'; END $$;
+CREATE TRIGGER axa_test_refuse_losses BEFORE UPDATE ON axa_queue FOR EACH ROW
+    WHEN (NEW.losses > OLD.losses) EXECUTE FUNCTION axa_test_refuse_losses();
+"""
+
+
+def test_a_loss_the_database_refuses_spends_the_attempt_and_never_requeues_the_last():
+    # A user's trigger refuses the loss: the outcome was stripped of its loss and written
+    # queued, so a job on its last attempt ran, and was lost, for ever.
+    job = ends_its_own_connection.using(max_attempts=1).perform_later()
+    with connection.cursor() as cursor:
+        cursor.execute(REFUSE_LOSSES)
+    try:
+        with finished_signals() as (jobs, _):
+            worker, thread = burst_in_thread()
+            thread.join(timeout=30)
+            if thread.is_alive():
+                worker.stop()
+                thread.join(timeout=60)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER axa_test_refuse_losses ON axa_queue; DROP FUNCTION axa_test_refuse_losses()")
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.losses) == ("failed", 1, 0), job.errors
+    assert job.errors[-1]["type"] == "axa_django.exceptions.UnstorableOutcome", job.errors
+    assert "this table counts no losses" in job.error
+    assert jobs == {job.pk: ["failed"]}
+
+
+# -- after an outage, jobs start on fresh connections ----------------------------------------
+
+
+@background_job
+def counts_its_runs(marker: str) -> None:
+    with Path(marker).open("a") as file:
+        file.write("ran;")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+
+
+def test_after_an_outage_a_job_starts_on_a_fresh_connection_and_runs_once(tmp_path):
+    # A restart ends every session, the job threads' idle ones too: the next job on such a
+    # thread failed at its first query, was counted lost and ran again.
+    worker = Worker(install_signals=False, concurrency=1, poll_interval=0.2)
+    thread = threading.Thread(target=worker.run, name="test worker")
+    thread.start()
+    try:
+        before = counts_its_runs.perform_later(marker=str(tmp_path / "before"))
+        wait_for(lambda: Job.objects.get(pk=before.pk).status == "completed", what="a job before the outage")
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        after = counts_its_runs.perform_later(marker=str(tmp_path / "after"))
+        wait_for(lambda: Job.objects.get(pk=after.pk).status == "completed", what="a job after the outage")
+    finally:
+        worker.stop()
+        thread.join(timeout=60)
+    assert not thread.is_alive()
+    after.refresh_from_db()
+    assert (after.losses, after.errors, (tmp_path / "after").read_text()) == (0, [], "ran;")

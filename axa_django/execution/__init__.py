@@ -74,8 +74,12 @@ class Outcome:
     # The job completed its row itself (JobContext.complete_in_transaction): nothing is left to write.
     self_completed: bool = False
     # Lost to the database (its connection died under it): the default max_losses, for
-    # FINISH to count a loss instead of an attempt; None for any other outcome.
+    # FINISH to count a loss instead of an attempt; None for any other outcome. FINISH
+    # may fail the job (max_losses reached): the finisher then sets status to "failed".
     lost: int | None = None
+    # Of a lost attempt: whether the job had attempts left, should the loss not be stored
+    # (the finisher then spends the attempt as any other's, so the job cannot run for ever).
+    attempts_left: bool = True
 
 
 @tracing.traced
@@ -191,10 +195,10 @@ def failure(job: Claimed, function: Any, error: BaseException, worker_id: uuid.U
     if isinstance(error, JobCancelled):
         logger.info("job %s %s cancelled", job.name, job.id)
         return Outcome(job.id, job.name, job.attempt, "cancelled", error=text, entry=entry)
+    allowed = job.max_attempts or (function.attempts_allowed if function else 1)
     # A worker's attempt only: inline, the connection is the caller's, and its transaction died with it.
     if worker_id is not None and dberrors.database_lost(error):
-        return lost(job, message, text, worker_id)
-    allowed = job.max_attempts or (function.attempts_allowed if function else 1)
+        return lost(job, message, text, worker_id, attempts_left=job.attempt < allowed)
     permanent = function is None or isinstance(error, ArgumentsMismatch | BadResult | BadRow | NoHandler)
     if not permanent and job.attempt < allowed:
         delay = _bounded(function.retry_delay(job.attempt))
@@ -213,20 +217,15 @@ def failure(job: Claimed, function: Any, error: BaseException, worker_id: uuid.U
 
 
 LOST_TYPE = "DatabaseLost"
+# The most a loss count may be: FINISH reads the outcome's "lost" as a PostgreSQL int.
+MOST_LOSSES = 2**31 - 2
 
 
-def lost(job: Claimed, message: str, text: str, worker_id: uuid.UUID | None) -> Outcome:
+def lost(job: Claimed, message: str, text: str, worker_id: uuid.UUID | None, *, attempts_left: bool = True) -> Outcome:
     """The outcome of an attempt whose database connection died under it (``message``: what it raised):
     queued again, its attempt given back and a loss counted (FINISH fails it past max_losses), as for
-    a worker that died."""
+    a worker that died. The worker says what became of it once FINISH wrote it (worker/jobs.py)."""
     reason = " ".join(message.split())
-    logger.warning(
-        "job %s %s lost its database connection (%s); it is queued again without using an attempt "
-        "(a loss is counted: max_losses bounds them)",
-        job.name,
-        job.id,
-        reason,
-    )
     entry = json.dumps(
         {
             "attempt": job.attempt,
@@ -238,8 +237,10 @@ def lost(job: Claimed, message: str, text: str, worker_id: uuid.UUID | None) -> 
             "traceback": text,
         }
     )
-    allowed = int(conf.get("MAX_LOSSES"))
-    return Outcome(job.id, job.name, job.attempt, "queued", error=text, entry=entry, lost=allowed)
+    allowed = min(int(conf.get("MAX_LOSSES")), MOST_LOSSES)
+    return Outcome(
+        job.id, job.name, job.attempt, "queued", error=text, entry=entry, lost=allowed, attempts_left=attempts_left
+    )
 
 
 def _bounded(delay: float) -> float:
@@ -282,11 +283,24 @@ def finish(cursor: psycopg.Cursor[Any], outcomes: list[Outcome], worker_id: uuid
         cursor.execute(sql.FINISH, {"outcomes": f"[{document}]", "worker": worker_id})
     row = cursor.fetchone()
     unwritten = set(row[1]) if row is not None and row[1] else set()
+    if row is not None and row[2]:  # attempts lost to the database that failed their job (max_losses)
+        _failed(outcomes, set(row[2]))
     if unwritten:  # jobs with children (or rescued meanwhile): see dependencies.py
-        left = ",".join(_as_json(o) for o in outcomes if o.id in unwritten)
-        params = {"outcomes": f"[{left}]", "worker": worker_id}
-        unwritten -= dependencies.finish_parents(cursor, sql.FINISH_PARENTS, params)
+        left = [o for o in outcomes if o.id in unwritten]
+        params = {"outcomes": f"[{','.join(map(_as_json, left))}]", "worker": worker_id}
+        written = dependencies.finish_parents(cursor, sql.FINISH_PARENTS, params)
+        unwritten -= written
+        losses = [o.id for o in left if o.lost is not None and o.id in written]
+        if losses:  # rare: read back at once which of them failed the job (max_losses reached)
+            cursor.execute(sql.FAILED_IDS, {"ids": losses})
+            _failed(left, {found for (found,) in cursor.fetchall()})
     return unwritten
+
+
+def _failed(outcomes: list[Outcome], ids: set[uuid.UUID]) -> None:
+    for outcome in outcomes:
+        if outcome.id in ids:
+            outcome.status = "failed"
 
 
 def finish_in_place(cursor: psycopg.Cursor[Any], outcome: Outcome, worker_id: uuid.UUID | None, why: str) -> bool:

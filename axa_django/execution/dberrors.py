@@ -88,3 +88,18 @@ def database_lost(error: BaseException) -> bool:
         if raw is not None and (raw.closed or raw.broken):
             return True
     return False
+
+
+def check_connections() -> list[str]:
+    """Close this thread's Django connections that fail a health check; return their aliases.
+
+    Run by a job thread before its next job once the worker has seen an outage: a
+    connection the server dropped meanwhile (a restart ends every session) would fail
+    that job at its first query, and the job would run again as lost.
+    """
+    closed = []
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is not None and not connection.is_usable():
+            connection.close()
+            closed.append(connection.alias)
+    return closed

@@ -108,7 +108,7 @@ WITH v AS MATERIALIZED (
                 'allowed); %%s', {_LOSSES}, COALESCE(q.max_losses, v.lost), CASE WHEN {_SPENT} THEN 'the job failed'
                 ELSE 'the job was queued again, no attempt used' END)) END) END,
         run_at = CASE WHEN {_SPENT} THEN q.run_at ELSE now() + make_interval(secs => v.delay) END,
-        started_at = CASE WHEN {_SPENT} THEN q.started_at END,
+        started_at = CASE WHEN {_SPENT} THEN COALESCE(q.started_at, to_timestamp(v.started)) END,
         worker_id = CASE WHEN {_SPENT} THEN q.worker_id END,
         finished_at = CASE WHEN {_SPENT} THEN now() END,
         attempts = CASE WHEN v.lost IS NULL OR {_SPENT} THEN q.attempts ELSE GREATEST(q.attempts - 1, 0) END,
@@ -118,14 +118,17 @@ WITH v AS MATERIALIZED (
     WHERE q.id = ANY(ARRAY(SELECT id FROM v WHERE status = 'queued')) AND q.id = v.id
       AND q.status || '' = 'running' AND q.worker_id IS NOT DISTINCT FROM %(worker)s
   AND NOT q.has_children
-    RETURNING q.id
+    RETURNING q.id, q.status
 )
 """
-# One row: the setting, and the ids of the outcomes not written (jobs with children, rows
-# rescued or changed meanwhile), most often none. Returning the written ones sent every id
-# back and the finisher loaded and hashed each (1 us a job of its CPU, measured apart).
+# One row: the setting, the ids of the outcomes not written (jobs with children, rows
+# rescued or changed meanwhile), most often none, and the ids of the attempts lost to the
+# database that failed the job (max_losses reached), which the worker then reports as
+# failed. Returning the written ones sent every id back and the finisher loaded and
+# hashed each (1 us a job of its CPU, measured apart).
 FINISH = f"""{_FINISH_WRITES}SELECT {NO_FLUSH},
-    ARRAY(SELECT id FROM v EXCEPT SELECT id FROM moved EXCEPT SELECT id FROM retried)
+    ARRAY(SELECT id FROM v EXCEPT SELECT id FROM moved EXCEPT SELECT id FROM retried),
+    ARRAY(SELECT id FROM retried WHERE status = 'failed')
 """
 # FINISH for a batch of jobs that all completed and returned None, the common batch: the
 # ids and start times as two arrays, which the server reads at 0.6 us a row less than the
@@ -413,6 +416,10 @@ assert _PARENT_WRITES != _FINISH_WRITES, "FINISH lost its no-children guard"
 FINISH_PARENTS = f"""{_PARENT_WRITES}SELECT id, {NO_FLUSH} FROM moved
 UNION ALL SELECT id, {NO_FLUSH} FROM retried
 """
+# Which of the ids are failed rows, wherever they are (axa_queue, or a history table): the
+# attempts lost to the database that FINISH_PARENTS wrote, read back to tell those that
+# failed the job (max_losses reached) from those queued again.
+FAILED_IDS = "SELECT id FROM axa_queue WHERE id = ANY(%(ids)s::uuid[]) AND status = 'failed'"
 
 # A job completing itself (JobContext.complete_in_transaction), in the job's own
 # transaction on the queue database: the row is completed with the job's writes there,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import queue as queue_module
@@ -144,16 +145,20 @@ class Finisher:
 
         Never raises for the row: a row that cannot be written at all is logged and left
         running under this worker, which the rescue gives back once the worker stops.
+        An attempt lost to the database is written as an attempt spent (``spent``).
         """
         why = refused.reason(error)
+        plain, stripped = spent(outcome), unstorable(outcome, error)
+
+        def in_place(written: Outcome) -> Any:
+            return lambda cursor: set() if finish_in_place(cursor, written, self.worker_id, why) else {outcome.id}
+
         attempts = (
-            lambda cursor: finish(cursor, [unstorable(outcome, error)], self.worker_id),
-            lambda cursor: set() if finish_in_place(cursor, outcome, self.worker_id, why) else {outcome.id},
-            lambda cursor: (
-                set() if finish_in_place(cursor, unstorable(outcome, error), self.worker_id, why) else {outcome.id}
-            ),
+            (stripped, lambda cursor: finish(cursor, [stripped], self.worker_id)),
+            (plain, in_place(plain)),
+            (stripped, in_place(stripped)),
         )
-        for attempt in attempts:
+        for written, attempt in attempts:
             try:
                 with conn.cursor() as cursor:
                     unwritten = attempt(cursor)
@@ -162,7 +167,9 @@ class Finisher:
             except psycopg.Error as again:
                 why = refused.reason(again)
                 continue
-            if attempt is not attempts[0]:
+            if outcome.lost is not None and not unwritten:
+                outcome.status = written.status  # what its job thread, waiting for it, reports
+            if attempt is not attempts[0][1]:
                 logger.error(
                     "the outcome of job %s %s could not move into the history (%s); it was written in place, "
                     "in axa_queue",
@@ -206,8 +213,18 @@ def _retries(batch: list[Outcome]) -> bool:
     return any(outcome.status == "queued" for outcome in batch)
 
 
+def spent(outcome: Outcome) -> Outcome:
+    """An attempt lost to the database as an attempt spent, for the writes that count no losses: queued again
+    only if the job had attempts left, else failed (its loss dropped, it could have run for ever)."""
+    if outcome.lost is None:
+        return outcome
+    status = "queued" if outcome.attempts_left else "failed"
+    return dataclasses.replace(outcome, status=status, lost=None)
+
+
 def unstorable(outcome: Outcome, error: psycopg.Error) -> Outcome:
-    """``outcome`` stripped to what can always be stored, saying why the rest was not."""
+    """``outcome`` stripped to what can always be stored, saying why the rest was not (never a loss: ``spent``)."""
+    outcome = spent(outcome)
     reason = storable(f"{type(error).__name__}: {error}")
     text = f"the outcome of this attempt ({outcome.status}) could not be stored: {reason}"
     entry = json.dumps(

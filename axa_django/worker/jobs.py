@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -21,7 +22,9 @@ from ..execution import (
     release_connections,
     send_finished,
 )
+from ..execution.dberrors import check_connections
 from ..signals import job_started
+from .connection import opened
 from .control import Control
 from .ledger import Ledger
 from .logs import attempt_line
@@ -36,6 +39,13 @@ class JobThreads:
     def __init__(self, options: Options, worker_id: uuid.UUID, control: Control, ledger: Ledger) -> None:
         self.options, self.worker_id, self.control, self.ledger = options, worker_id, control, ledger
         self._replacements = 0
+        # Attempts lost to the database: with the worker's connections opened (each reconnect
+        # after an outage opens one), the outages the job threads have seen (``generation``).
+        self._losses = 0
+
+    def generation(self) -> int:
+        """A number that changes whenever the worker sees an outage: a reconnect, an attempt lost to the database."""
+        return opened() + self._losses
 
     def start(self) -> None:
         """Start the job threads."""
@@ -55,12 +65,17 @@ class JobThreads:
     def loop(self) -> None:
         """Run jobs from the ledger until handed None (or this thread's job is given up)."""
         ledger = self.ledger
+        seen = self.generation()
         try:
             while True:
                 ledger.await_written(self.control.aborting)
                 job = ledger.work.get()
                 if job is None:
                     break
+                if self.generation() != seen:
+                    # An outage since this thread's last job: its connections may be dead.
+                    seen = self.generation()
+                    check_connections()
                 runner, function = None, None
                 started = time.monotonic()
                 job_start = ledger.started(job)
@@ -79,10 +94,12 @@ class JobThreads:
                     return
                 seconds = time.monotonic() - started
                 ledger.timed(seconds)
+                ledger.finished(job, outcome, started=job_start)
+                if outcome.lost is not None:
+                    self._lost(job, outcome)
                 if self.options.log_attempts:
                     status, delay = outcome.status, outcome.delay
                     attempt_line(job.name, job.id, job.attempt, job.max_attempts, seconds, status, delay)
-                ledger.finished(job, outcome, started=job_start)
                 try:
                     send_finished(function, outcome, robust=True)
                     if runner is not None:
@@ -93,6 +110,32 @@ class JobThreads:
                 self.control.rouse()
         finally:
             connections.close_all()
+
+    def _lost(self, job: Claimed, outcome: Outcome) -> None:
+        """An attempt lost to the database: once written, say whether it is queued again or failed the job.
+
+        FINISH decides (max_losses reached: failed) and the finisher sets the outcome's
+        status: the lines, the signals and the counts then say what became of the job.
+        """
+        self._losses += 1  # the other threads' connections may have died too
+        self.ledger.await_outcome(outcome.id, self.control.aborting)
+        what = json.loads(outcome.entry or "{}").get("message") or "its database connection was lost"
+        if outcome.status == "failed":
+            logger.error(
+                "job %s %s failed: %s, one loss more than max_losses allows; if the job ends its own connection "
+                "(pg_terminate_backend, a timeout that ends sessions), fix that, then retry it",
+                job.name,
+                job.id,
+                what,
+            )
+        else:
+            logger.warning(
+                "job %s %s: %s; it is queued again without using an attempt (a loss is counted: max_losses "
+                "bounds them)",
+                job.name,
+                job.id,
+                what,
+            )
 
     def perform(self, job: Claimed) -> tuple[Any, Any, Outcome]:
         """Run one attempt of ``job`` here; return its task runner (django.tasks rows), its function and outcome."""

@@ -158,6 +158,12 @@ class Ledger:
             self._stalled_since = None
             self._written.notify_all()
 
+    def await_outcome(self, job_id: uuid.UUID, abort: threading.Event) -> None:
+        """Wait until the finisher is done with ``job_id``'s outcome (or ``abort``): what FINISH made of it."""
+        with self._lock:
+            while job_id in self._pending and not abort.is_set():
+                self._written.wait(0.5)  # the timeout sees ``abort``, which nothing notifies
+
     def await_written(self, abort: threading.Event) -> None:
         """Wait while UNWRITTEN_MOST outcomes or more are unwritten (until ``abort``).
 
