@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import logging
 import shlex
+import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, NamedTuple
@@ -33,9 +34,15 @@ PAIRS = 1000
 # (PostgreSQL 15, 2 cores) sql.UNHANDLED read 183 of the table's 23,373 pages in 4-7 ms,
 # FLEET 7 pages in under a millisecond: a look costs the fleet that, once a minute.
 CHECK_SECONDS = 60.0
+# A key is said again at most this often, gone or not in between: a key found at one look
+# and not at the next (a pool in a crash loop, a burst worker run by cron) was said at
+# every other look.
+WARN_SECONDS = 600.0
 
-# Keys said and still found at the last look: (name, backend, queue).
+# Keys said and still found at the last look: (name, backend, queue); and when each key
+# was last said (monotonic seconds), kept for WARN_SECONDS.
 _said: set[tuple[str | None, str | None, str]] = set()
+_said_at: dict[tuple[str | None, str | None, str], float] = {}
 
 
 class Unhandled(NamedTuple):
@@ -140,14 +147,19 @@ def advice(entry: Unhandled, fleet: Fleet | None = None) -> str:
     return text
 
 
-def warn(found: Iterable[Unhandled], fleet: Fleet | None = None) -> list[Unhandled]:
-    """Log a warning for each entry not said yet in this process, with ``advice``; return those."""
+def warn(found: Iterable[Unhandled], fleet: Fleet | None = None, now: float | None = None) -> list[Unhandled]:
+    """Log a warning for each entry not said yet in this process (nor in the last WARN_SECONDS), with
+    ``advice``; return those."""
+    now = time.monotonic() if now is None else now
     said = []
     for entry in found:
         key = (entry.name, entry.backend, entry.queue)
         if key in _said:
             continue
-        _said.add(key)
+        _said.add(key)  # found again within WARN_SECONDS: the same spell, said when it ends and comes back
+        if now - _said_at.get(key, now - WARN_SECONDS) < WARN_SECONDS:
+            continue
+        _said_at[key] = now
         said.append(entry)
         count = f"at least {entry.ready}" if entry.ready >= CAP else str(entry.ready)
         logger.warning(
@@ -160,7 +172,7 @@ def warn(found: Iterable[Unhandled], fleet: Fleet | None = None) -> list[Unhandl
     return said
 
 
-def look(execute: Execute, *, worker: uuid.UUID | None, lease: float) -> list[Unhandled]:
+def look(execute: Execute, *, worker: uuid.UUID | None, lease: float, now: float | None = None) -> list[Unhandled]:
     """A running worker's look: if it is the eldest live worker (or has no id), warn about each new
     entry of ready jobs no live worker claims, and forget those no longer found; return what it said."""
     rows = execute(FLEET, {"lease": lease})
@@ -171,7 +183,10 @@ def look(execute: Execute, *, worker: uuid.UUID | None, lease: float) -> list[Un
         return []
     entries = rows_to_unhandled(found)
     _said.intersection_update([(entry.name, entry.backend, entry.queue) for entry in entries])
-    return warn(entries, Fleet.of(rows))
+    now = time.monotonic() if now is None else now
+    for key in [key for key, at in _said_at.items() if now - at >= WARN_SECONDS]:
+        del _said_at[key]
+    return warn(entries, Fleet.of(rows), now)
 
 
 # Ready rows of paused queues that a worker would claim (its names and backends, in its
@@ -262,3 +277,4 @@ def _why(entry: Unhandled, backends: Sequence[str], registered: Collection[str])
 def reset() -> None:
     """Forget what was warned about (tests)."""
     _said.clear()
+    _said_at.clear()

@@ -8,10 +8,12 @@ import contextlib
 import json
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import connection
 
@@ -104,6 +106,28 @@ def test_the_dispatcher_says_when_the_database_is_back(caplog):
     assert said(caplog, "dispatcher lost the database")
 
 
+def test_a_statement_timeout_is_no_outage_the_dispatcher_reconnects_from(caplog):
+    # A claim of limited jobs cut short by a statement timeout: the connection works, yet
+    # the dispatcher closed it, reconnected and said "the database is back".
+    caplog.set_level(logging.INFO, logger="axa_django")
+    worker = Worker(concurrency=1, install_signals=False)
+    db = worker.db
+    assert db.open_first()
+    try:
+        conn = db.current()
+        assert conn is not None
+        with pytest.raises(psycopg.errors.QueryCanceled) as raised, conn.transaction():
+            conn.execute("SET LOCAL statement_timeout = '10ms'")
+            conn.execute("SELECT pg_sleep(5)")
+        db.failed("jobs with concurrency limits", raised.value)
+        assert db.current() is conn
+        assert db.execute("SELECT 1", {}) == [(1,)]
+    finally:
+        db.close()
+    assert said(caplog, "claiming jobs with concurrency limits failed (canceling statement due to statement timeout)")
+    assert not said(caplog, "the database is back")
+
+
 # -- ready jobs no live worker claims ------------------------------------------------------
 
 
@@ -135,9 +159,9 @@ def look(caplog: pytest.LogCaptureFixture) -> Iterator[Any]:
     caplog.set_level(logging.WARNING, logger="axa_django")
     with connect("default", "test look") as conn:
 
-        def run(worker: uuid.UUID) -> list[Unhandled]:
+        def run(worker: uuid.UUID, now: float | None = None) -> list[Unhandled]:
             lease = float(conf.get("LEASE_SECONDS"))
-            return unhandled.look(lambda q, p: conn.execute(q, p).fetchall(), worker=worker, lease=lease)
+            return unhandled.look(lambda q, p: conn.execute(q, p).fetchall(), worker=worker, lease=lease, now=now)
 
         yield run
     unhandled.reset()
@@ -155,9 +179,28 @@ def test_only_the_eldest_live_worker_says_it_and_each_once_until_it_is_gone(look
     assert record.getMessage().startswith("job 'NoSuchJob' in queue 'default': 2 ready and no live worker claims them")
     assert record.getMessage().endswith("; said once, python manage.py jobhealth lists them while it lasts")
     Job.objects.filter(name="NoSuchJob").delete()
-    assert look(eldest) == []  # gone: forgotten
+    later = time.monotonic() + unhandled.WARN_SECONDS
+    assert look(eldest, now=later) == []  # gone: forgotten
     insert("NoSuchJob", 1)
-    assert look(eldest) == [Unhandled("NoSuchJob", None, "default", 1)]  # back: said again
+    assert look(eldest, now=later) == [Unhandled("NoSuchJob", None, "default", 1)]  # back: said again
+
+
+def test_a_key_found_at_every_other_look_is_said_at_most_every_ten_minutes(look, caplog):
+    # A pool in a crash loop, a burst worker run by cron: its jobs wait at one look and
+    # are gone at the next. Said once and again after each look that missed them, the
+    # warning came every other minute.
+    eldest = live_worker(["CountWorker"], age=60)
+    start = time.monotonic()
+    minutes = []
+    for minute in range(22):
+        if minute % 2:
+            Job.objects.filter(name="NoSuchJob").delete()
+        else:
+            insert("NoSuchJob")
+        if look(eldest, now=start + minute * unhandled.CHECK_SECONDS):
+            minutes.append(minute)
+    assert minutes == [0, 10, 20]
+    assert len(said(caplog, "NoSuchJob")) == 3
 
 
 def test_the_warning_says_which_queue_to_start_or_which_name_or_queue_was_meant(look, caplog):

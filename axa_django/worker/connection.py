@@ -122,6 +122,10 @@ def close(conn: psycopg.Connection[Any] | None) -> None:
             conn.close()
 
 
+# A statement or lock timeout: OperationalErrors of a connection that still works.
+_CUT_SHORT = (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable)
+
+
 class DispatcherConnection:
     """The dispatcher's connection: opened at start, reopened after an outage, by this part alone."""
 
@@ -187,7 +191,8 @@ class DispatcherConnection:
     def failed(self, what: str, error: psycopg.Error) -> None:
         """A statement run on ``current()`` failed: log it, drop a broken connection, back off."""
         logger.warning("claiming %s failed (%s); trying again shortly", what, error)
-        if isinstance(error, refused.OUTAGE):
+        # A timeout cut the statement short on a connection that works (as in ``execute``): no outage.
+        if isinstance(error, refused.OUTAGE) and not isinstance(error, _CUT_SHORT):
             self._lost()
             self.close()
         self.control.aborting.wait(0.2)
@@ -235,7 +240,7 @@ class DispatcherConnection:
                 cursor.execute(query, params, binary=binary)
                 rows = cursor.fetchall() if cursor.description else []
         except refused.OUTAGE as error:
-            if isinstance(error, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
+            if isinstance(error, _CUT_SHORT):
                 logger.warning("dispatcher statement cut short (%s); trying again later", error)
                 return None
             logger.warning("dispatcher lost the database (%s); reconnecting", error)
