@@ -796,3 +796,141 @@ def test_an_attempt_lost_to_the_database_meets_statement(
     expected: tuple[int, str],
 ) -> None:
     test_statement_meets_statement(actors, setup_conn, state, a, b, waits, commit, expected)
+
+
+# 5. More of an attempt lost to the database: the ORM's writes by id, the seed's statements,
+# rows claimed ahead and the heartbeat against FINISH lost, and FINISH lost (queued again in
+# place; failed and moved, "+spent") among the movers the reads and writes by id meet. A row
+# claimed ahead that FINISH lost fails writes its started_at ("ahead+spent"). Each test runs
+# a group of cases, each case's row and worker deleted after it: a transactional test's
+# flush costs four times a case here, so one test per case would have cost that much more.
+
+STATES["ahead+spent"] = lambda conn: _running(conn, losses=1, ahead=True)
+
+# fmt: off
+LOST_MORE = {
+    "the ORM by id": [
+        # state             A holds the row    B meets it      waits commit: B, row            rollback: B, row
+        ("running",         "delete",          "FINISH lost",     W, 0, "gone",                1, "queued@queue"),
+        ("running",         "job.delete",      "FINISH lost",     W, 0, "gone",                1, "queued@queue"),
+        ("running",         "delete_selected", "FINISH lost",     W, 0, "gone",                1, "queued@queue"),
+        ("running",         "save",            "FINISH lost",     W, 1, "queued@queue",        1, "queued@queue"),
+        ("running",         "update",          "FINISH lost",     W, 1, "queued@queue",        1, "queued@queue"),
+        ("running",         "sfu.get",         "FINISH lost",     W, 1, "queued@queue",        1, "queued@queue"),
+        ("running+spent",   "update",          "FINISH lost",     W, 1, "failed@history",      1, "failed@history"),
+        ("running+spent",   "job.delete",      "FINISH lost",     W, 0, "gone",                1, "failed@history"),
+    ],
+    "the seed's statements": [
+        ("stale gone",      "FINISH lost",     "REQUEUE_STALE",   W, 0, "queued@queue",        1, "queued@queue"),
+        ("stale gone",      "REQUEUE_STALE",   "FINISH lost",     W, 0, "queued@queue",        1, "queued@queue"),
+        ("stale live",      "FINISH lost",     "REQUEUE_STALE",   W, 0, "queued@queue",        0, "running@queue"),
+        ("stale live",      "REQUEUE_STALE",   "FINISH lost",     W, 1, "queued@queue",        1, "queued@queue"),
+        ("running",         "FINISH lost",     "seed FINISH",     W, 1, "completed@history",   1, "completed@history"),
+        ("running",         "seed FINISH",     "FINISH lost",     W, 0, "completed@history",   1, "queued@queue"),
+        ("running+spent",   "FINISH lost",     "seed FINISH",     W, 0, "failed@history",      1, "completed@history"),
+    ],
+    "claimed ahead, the heartbeat": [
+        ("ahead",           "FINISH lost",     "MARK_STARTED",    C, 0, "queued@queue",        0, "running@queue"),
+        ("ahead",           "MARK_STARTED",    "FINISH lost",     W, 1, "queued@queue",        1, "queued@queue"),
+        ("ahead",           "FINISH lost",     "UNCLAIM",         W, 0, "queued@queue",        1, "queued@queue"),
+        ("ahead",           "UNCLAIM",         "FINISH lost",     W, 0, "queued@queue",        1, "queued@queue"),
+        ("ahead+spent",     "FINISH lost",     "MARK_STARTED",    C, 0, "failed@history",      0, "running@queue"),
+        ("ahead+spent",     "MARK_STARTED",    "FINISH lost",     W, 1, "failed@history",      1, "failed@history"),
+        ("ahead+spent",     "FINISH lost",     "UNCLAIM",         W, 0, "failed@history",      1, "queued@queue"),
+        ("ahead+spent",     "UNCLAIM",         "FINISH lost",     W, 0, "queued@queue",        1, "failed@history"),
+        ("running",         "FINISH lost",     "HEARTBEAT",       C, 0, "queued@queue",        0, "running@queue"),
+        ("running+spent",   "FINISH lost",     "HEARTBEAT",       C, 0, "failed@history",      0, "running@queue"),
+    ],
+}
+# The movers the reads and writes by id (BY_ID) meet, as MOVERS.
+LOST_MOVERS = [
+    # state             A holds the row    what A does to it
+    ("running",         "FINISH lost"),    # -> queued again, in place, its loss counted
+    ("running+spent",   "FINISH lost"),    # -> failed, moved by axa_history_keep
+]
+# fmt: on
+
+
+def _cleared(made: list[Subject]) -> None:
+    """Delete the rows and workers of a case: the next case of the test starts without them."""
+    for s in made:
+        Job.objects.filter(pk=s.id).delete()
+        with connection.cursor() as cursor:
+            cursor.execute("DELETE FROM axa_worker WHERE id = %s", [s.worker])
+    made.clear()
+
+
+def _each(cases: list[tuple[str, Callable[[list[Subject]], None]]]) -> None:
+    """Run each case, its rows deleted after it; fail naming every case that failed."""
+    failed, made = [], []
+    for label, case in cases:
+        try:
+            case(made)
+        except Exception as error:  # noqa: BLE001 - each case is judged and named
+            failed.append(f"{label}: {type(error).__name__}: {error}")
+        finally:
+            _cleared(made)
+    assert not failed, "\n".join(failed)
+
+
+def _meets(actors: tuple[Actor, Actor, Actor], setup_conn: psycopg.Connection[Any], row: tuple[Any, ...]) -> Any:
+    """Both ends of one row of LOST_MORE, as test_statement_meets_statement runs each."""
+    state, a, b, waits, *after = row
+
+    def case(commit: bool, expected: tuple[int, str]) -> Callable[[list[Subject]], None]:
+        def run(made: list[Subject]) -> None:
+            holder, other, _ = actors
+            holder.ready()
+            other.ready()
+            s = build(setup_conn, state)
+            made.append(s)
+            start(holder, s, a)
+            [ran] = run_into(holder, [(other, MOVES[b])], s, waits, commit)
+            found = view(s.id)
+            check_invariants([s.id] if found else [], [] if found else [s.id])
+            assert (ran.get(), where(found)) == expected
+
+        return run
+
+    label = f"{state}: {a} vs {b}"
+    return [(f"{label}, commit", case(True, tuple(after[:2]))), (f"{label}, rollback", case(False, tuple(after[2:])))]
+
+
+@pytest.mark.parametrize("group", list(LOST_MORE))
+def test_more_of_an_attempt_lost_to_the_database_meets_statements(
+    actors: tuple[Actor, Actor, Actor], setup_conn: psycopg.Connection[Any], group: str
+) -> None:
+    _each([case for row in LOST_MORE[group] for case in _meets(actors, setup_conn, row)])
+
+
+@pytest.mark.parametrize(("state", "a"), LOST_MOVERS, ids=[" ".join(row) for row in LOST_MOVERS])
+def test_a_read_or_write_by_id_finds_a_row_an_attempt_lost_to_the_database_moved(
+    actors: tuple[Actor, Actor, Actor], setup_conn: psycopg.Connection[Any], state: str, a: str
+) -> None:
+    holder, other, _ = actors
+
+    def case(b: str, waits: bool | None, commit: bool) -> Callable[[list[Subject]], None]:
+        def run(made: list[Subject]) -> None:
+            holder.ready()
+            other.ready()
+            s = build(setup_conn, state)
+            made.append(s)
+            before = view(s.id)
+            assert before is not None
+            held = start(holder, s, a)
+            [ran] = run_into(holder, [(other, MOVES[b])], s, waits, commit)
+            expected = held if commit else before
+            row = view(s.id)
+            deleted = row is None and (expected is None or b in ("delete", "job.delete", "delete_selected"))
+            check_invariants([] if deleted else [s.id], [s.id] if deleted else [])
+            check_by_id(b, ran, before, expected, row)
+
+        return run
+
+    _each(
+        [
+            (f"{state}: {a} vs {b}, {'commit' if commit else 'rollback'}", case(b, waits, commit))
+            for b, waits in BY_ID
+            for commit in (True, False)
+        ]
+    )
