@@ -99,11 +99,12 @@ def check_known_queues(
 ) -> None:
     """UnknownQueues unless each of ``wanted`` is known, with the closest known queues.
 
-    Known: in ``declared`` (django.tasks backends' QUEUES), a registered job's queue, or
-    the table's (``table_queues``, read only when the code does not settle it). ``new``
-    queues are taken as they are. A database error is raised as it comes.
+    Known: in ``declared`` (django.tasks backends' QUEUES), AXA_DJANGO["KNOWN_QUEUES"], a
+    registered job's queue, or the table's (``table_queues``, read only when the code does
+    not settle it). ``new`` queues are taken as they are. A database error is raised as it comes.
     """
     known = {job.options.queue for job in registry.registry.values()} | set(declared) | set(new)
+    known |= set(conf.get("KNOWN_QUEUES"))
     doubtful = sorted(set(wanted) - known)
     if not doubtful:
         return

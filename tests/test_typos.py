@@ -6,6 +6,7 @@ import logging
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext, override_settings
 
 from axa_django import queues, selection
 from axa_django.selection import UnknownQueues, check_known_queues
@@ -119,3 +120,11 @@ def test_a_burst_that_leaves_nothing_says_so_at_info(caplog):
     assert Worker(burst=True, install_signals=False).run() == 0
     [record] = [r for r in caplog.records if " stopped after " in r.getMessage()]
     assert record.levelno == logging.INFO and record.getMessage().endswith("stopped after 1 attempt: 1 completed")
+
+
+def test_a_queue_listed_in_known_queues_is_known_to_runworker_without_reading_the_table():
+    with override_settings(AXA_DJANGO={"KNOWN_QUEUES": ["bulk-eu"]}), CaptureQueriesContext(connection) as queries:
+        check_known_queues(["bulk-eu"])
+    assert len(queries) == 0
+    with pytest.raises(UnknownQueues, match="unknown queue 'bulk-eu'"):
+        check_known_queues(["bulk-eu"])
