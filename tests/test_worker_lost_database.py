@@ -203,12 +203,13 @@ def _params(**extra: Any) -> dict[str, Any]:
     return {**params, "dbname": s["NAME"], "connect_timeout": 10, "autocommit": True, **extra}
 
 
-def _raised(run: Any) -> BaseException:
+def _raised(run: Any, *, may_pass: bool = False) -> BaseException | None:
     try:
         run()
     except psycopg.Error as error:
         return error
-    raise AssertionError(f"{run} raised nothing")
+    assert may_pass, f"{run} raised nothing"
+    return None
 
 
 def _port_with_no_server() -> int:
@@ -268,7 +269,10 @@ def test_the_database_going_away_is_told_from_the_jobs_own_errors():
                 lambda: _in_transaction(b, "SET LOCAL lock_timeout = '10ms'", "SELECT pg_advisory_lock(7352)")
             ),
             "deadlock": _deadlock(a, b),
-            "wrong password": _raised(lambda: psycopg.connect(**_params(password="not the password")).close()),
+            # None where the server trusts this host and checks no password (the embedded one).
+            "wrong password": _raised(
+                lambda: psycopg.connect(**_params(password="not the password")).close(), may_pass=True
+            ),
             "unknown role": _raised(lambda: psycopg.connect(**_params(user="axa_no_such_role")).close()),
             "missing database": _raised(lambda: psycopg.connect(**_params(dbname="axa_no_such_database")).close()),
         }
@@ -279,16 +283,16 @@ def test_the_database_going_away_is_told_from_the_jobs_own_errors():
                 lambda: psycopg.connect(**_params(host="127.0.0.1", port=_port_with_no_server())).close()
             ),
         }
+    if own["wrong password"] is None:
+        del own["wrong password"]
+    else:
+        assert "password authentication failed" in str(own["wrong password"])
     assert [type(error).__name__ for error in own.values()] == [
         "QueryCanceled",
         "LockNotAvailable",
         "DeadlockDetected",
-        "OperationalError",
-        "OperationalError",
-        "OperationalError",
+        *["OperationalError"] * (len(own) - 3),
     ]
-    if "password authentication failed" not in str(own["wrong password"]):
-        del own["wrong password"]  # a server that trusts this host checks no password
     assert {what: database_lost(error) for what, error in own.items()} == dict.fromkeys(own, False)
     assert [type(error).__name__ for error in gone.values()] == ["AdminShutdown", "OperationalError"]
     assert {what: database_lost(error) for what, error in gone.items()} == dict.fromkeys(gone, True)
