@@ -1,8 +1,10 @@
 """Telling a database that refuses us (wrong password, no such database) from one that is not up yet,
-and a job's error that is the database going away under it from the job's own."""
+and a job's error that is the database going away under it from the job's own; a job thread's
+connections checked after an outage."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import psycopg
@@ -100,6 +102,8 @@ def check_connections() -> list[str]:
     closed = []
     for connection in connections.all(initialized_only=True):
         if connection.connection is not None and not connection.is_usable():
-            connection.close()
+            # Django drops the connection even when closing it raises: the next job opens another.
+            with contextlib.suppress(Exception):
+                connection.close()
             closed.append(connection.alias)
     return closed
