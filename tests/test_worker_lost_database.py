@@ -33,6 +33,7 @@ from axa_django.worker import Worker, connect
 from tests.conftest import AXA_APPS, wait_for
 from tests.races import claim, register
 from tests.tasks_api import TaskResultStatus, task, task_finished
+from tests.testapp import workflow_jobs as wj
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
@@ -388,6 +389,22 @@ def test_a_row_claimed_ahead_that_fails_through_max_losses_keeps_when_it_started
     job.refresh_from_db()
     assert (job.status, job.losses) == ("failed", 1)
     assert job.started_at is not None and abs(job.started_at.timestamp() - started) < 0.01
+
+
+def test_a_parent_failed_through_max_losses_is_reported_failed_and_its_child_cancelled():
+    # A job with children is written apart (FINISH_PARENTS, with its children settled).
+    parent = wj.noop.using(max_losses=1).perform_later(1)
+    child = wj.noop.using(after=[parent]).perform_later(2)
+    worker = uuid.uuid4()
+    with connect("default", "test") as conn:
+        register(conn, worker, [wj.noop.name])
+        [claimed] = claim(conn, [wj.noop.name], worker)
+        assert claimed.id == parent.pk
+        outcome = lost(claimed, "server closed the connection unexpectedly", "Traceback ...", worker)
+        with conn.cursor() as cursor:
+            assert finish(cursor, [outcome], worker) == set()
+    assert outcome.status == "failed"
+    assert [Job.objects.get(pk=job.pk).status for job in (parent, child)] == ["failed", "cancelled"]
 
 
 # -- a loss that cannot be stored ----------------------------------------------------------
