@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
 
 from benchmarks import measure  # noqa: E402
-from benchmarks.run import connect, fresh_database, server_info  # noqa: E402
+from benchmarks.run import connect, migrated_database, server_info  # noqa: E402
 
 NAME = "benchmarks.benchapp.jobs.noop"
 WORKER = uuid.UUID("00000000-0000-4000-8000-00000000ce11")
@@ -108,10 +108,7 @@ def main() -> None:
     base = os.environ.get("DATABASE_URL")
     if not base:
         raise SystemExit("set DATABASE_URL to the server to measure (durable, over TCP, as docs/performance.md says)")
-    url = fresh_database(base, args.db)
-    env = dict(os.environ, DATABASE_URL=url, PYTHONPATH=str(ROOT))
-    subprocess.run([sys.executable, "-m", "django", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
-    os.environ["DATABASE_URL"] = url
+    url = migrated_database(base, args.db)
     text = script().replace("{batch}", str(args.batch))
     path = args.keep or Path(tempfile.mkstemp(prefix="axa-ceiling-", suffix=".sql")[1])
     path.write_text(text)

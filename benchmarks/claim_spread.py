@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -25,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
 
-from benchmarks.run import connect, fresh_database, server_info  # noqa: E402
+from benchmarks.run import connect, migrated_database, server_info  # noqa: E402
 
 
 def locked(node: dict[str, Any]) -> int:
@@ -43,10 +42,7 @@ def main() -> None:
     base = os.environ.get("DATABASE_URL")
     if not base:
         raise SystemExit("set DATABASE_URL")
-    url = fresh_database(base, args.db)
-    env = dict(os.environ, DATABASE_URL=url, PYTHONPATH=str(ROOT))
-    subprocess.run([sys.executable, "-m", "django", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
-    os.environ["DATABASE_URL"] = url
+    url = migrated_database(base, args.db)
     import django
 
     django.setup()

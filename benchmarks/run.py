@@ -103,6 +103,16 @@ def server_info(url: str) -> dict[str, Any]:
     }
 
 
+def migrated_database(base: str, name: str) -> str:
+    """A fresh database ``name`` on ``base``'s server, migrated with the benchmark settings; its URL,
+    also set as this process's DATABASE_URL (for the Django the caller sets up next)."""
+    url = fresh_database(base, name)
+    env = dict(os.environ, DATABASE_URL=url, PYTHONPATH=str(ROOT), DJANGO_SETTINGS_MODULE="benchmarks.settings")
+    subprocess.run([sys.executable, "-m", "django", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+    os.environ["DATABASE_URL"] = url
+    return url
+
+
 def fresh_database(base: str, name: str) -> str:
     with connect(base) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

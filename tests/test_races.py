@@ -395,8 +395,9 @@ PAIRS = [
 # fmt: on
 
 
-def _pairs() -> Iterator[Any]:
-    for state, a, b, waits, b_commit, row_commit, b_rollback, row_rollback in PAIRS:
+def _pairs(table: list[tuple[Any, ...]] = PAIRS) -> Iterator[Any]:
+    """Each row of ``table`` twice: B's outcome and the row's end state after A commits, then after A rolls back."""
+    for state, a, b, waits, b_commit, row_commit, b_rollback, row_rollback in table:
         for commit, expected in ((True, (b_commit, row_commit)), (False, (b_rollback, row_rollback))):
             end = "commit" if commit else "rollback"
             yield pytest.param(state, a, b, waits, commit, expected, id=f"{state}: {a} vs {b}, {end}")
@@ -777,14 +778,7 @@ LOST = [
 # fmt: on
 
 
-def _lost_pairs() -> Iterator[Any]:
-    for state, a, b, waits, b_commit, row_commit, b_rollback, row_rollback in LOST:
-        for commit, expected in ((True, (b_commit, row_commit)), (False, (b_rollback, row_rollback))):
-            end = "commit" if commit else "rollback"
-            yield pytest.param(state, a, b, waits, commit, expected, id=f"{state}: {a} vs {b}, {end}")
-
-
-@pytest.mark.parametrize(("state", "a", "b", "waits", "commit", "expected"), list(_lost_pairs()))
+@pytest.mark.parametrize(("state", "a", "b", "waits", "commit", "expected"), list(_pairs(LOST)))
 def test_an_attempt_lost_to_the_database_meets_statement(
     actors: tuple[Actor, Actor, Actor],
     setup_conn: psycopg.Connection[Any],
