@@ -25,11 +25,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.test.utils import override_settings
 
-from axa_django import Job, background_job, conf
+from axa_django import Job, background_job, conf, sql
 from axa_django.execution import finish, lost
 from axa_django.execution.dberrors import database_lost
 from axa_django.signals import job_finished
 from axa_django.worker import Worker, connect
+from axa_django.worker.connection import close
 from tests.conftest import AXA_APPS, wait_for
 from tests.races import claim, register
 from tests.tasks_api import TaskResultStatus, task, task_finished
@@ -486,3 +487,76 @@ def test_after_an_outage_a_job_starts_on_a_fresh_connection_and_runs_once(tmp_pa
     assert not thread.is_alive()
     after.refresh_from_db()
     assert (after.losses, after.errors, (tmp_path / "after").read_text()) == (0, [], "ran;")
+
+
+# -- an attempt lost past the lease, its row rescued and claimed here again ---------------------
+
+
+@contextlib.contextmanager
+def rescued_while_unwritten() -> Iterator[tuple[Worker, Any, Any, Job]]:
+    """A worker's attempt lost to the database, its outcome not yet written (its thread waits for
+    it), and the row rescued meanwhile, as another worker does once this one's lease is gone."""
+    job = ends_its_own_connection.using(max_losses=5).perform_later()
+    worker = Worker(install_signals=False, concurrency=2, names=[ends_its_own_connection.name])
+    assert worker.db.open_first()
+    try:
+        worker.dispatcher.register()
+        [first] = worker.claimer.claim([ends_its_own_connection.name], 2)
+        outcome = lost(first, "server closed the connection unexpectedly", "Traceback ...", worker.id)
+        worker.ledger.finished(first, outcome)
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE axa_worker SET heartbeat_at = now() - interval '1 hour'")
+            cursor.execute(sql.RESCUE, {"lease": 30, "stale": 60, "max_losses": 3})
+        assert Job.objects.get(pk=job.pk).status == "queued"
+        worker.dispatcher.register()  # its heartbeat, back: the worker is alive again
+        yield worker, first, outcome, job
+    finally:
+        worker.db.close()
+
+
+def state(job: Job) -> tuple[Any, ...]:
+    job.refresh_from_db()
+    return job.status, job.worker_id, job.started_at, job.attempts, job.losses
+
+
+def test_a_row_claimed_again_before_its_lost_attempt_is_written_is_given_back_unstarted():
+    # An outage past the lease: the row was rescued, and this worker claimed it again before
+    # the lost attempt's outcome was written. FINISH's guard (running under this worker) then
+    # matched the new claim: the stale outcome queued the row mid-run, and the job ran twice
+    # at once; the ledger's entry of the first attempt was overwritten, then dropped.
+    with rescued_while_unwritten() as (worker, first, outcome, job):
+        assert worker.claimer.claim([ends_its_own_connection.name], 2) == []
+        assert worker.claimer.given_back == [job.pk]
+        assert state(job) == ("queued", None, None, 0, 1)  # as the rescue left it
+        assert sorted(worker.ledger.owned()) == [job.pk, job.pk]  # held, its outcome pending
+        conn, unwritten = worker.finisher.write(None, [outcome])
+        close(conn)
+        assert unwritten == {job.pk}  # the row is no longer the lost attempt's
+        assert state(job) == ("queued", None, None, 0, 1)
+        worker.ledger.written([outcome.id])
+        worker.ledger.release(first, outcome)
+        [again] = worker.claimer.claim([ends_its_own_connection.name], 2)  # now it runs, once
+        assert (again.id, worker.claimer.given_back, worker.ledger.ids()) == (job.pk, [], [job.pk])
+
+
+def test_a_lost_attempt_written_while_its_row_is_claimed_again_leaves_it_queued():
+    # The other order: the stale outcome is written after the claim took the row again and
+    # before the claimer looks at the ledger. It queued the new claim's row: run, the job
+    # would have run while its row was queued for the next claim.
+    with rescued_while_unwritten() as (worker, _first, outcome, job):
+        execute = worker.db.execute
+
+        def finished_meanwhile(query: str, params: dict[str, Any], **how: Any) -> Any:
+            rows = execute(query, params, **how)
+            if how.get("binary"):  # the claim, committed: the finisher's write comes in now
+                conn, unwritten = worker.finisher.write(None, [outcome])
+                close(conn)
+                assert unwritten == set()  # over the new claim
+                worker.ledger.written([outcome.id])
+            return rows
+
+        worker.db.execute = finished_meanwhile  # type: ignore[method-assign]
+        assert worker.claimer.claim([ends_its_own_connection.name], 2) == []
+        assert worker.claimer.given_back == [job.pk]
+        assert state(job) == ("queued", None, None, 0, 2)  # the outcome's, a second loss; UNCLAIM found it so
+        assert worker.ledger.ids() == [job.pk]

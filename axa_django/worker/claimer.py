@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import logging
 import operator
 import uuid
 from typing import Any
@@ -20,6 +21,8 @@ from .options import Options
 from .queuelimits import QueueClaim
 from .quiet import Quiet
 from .watchdog import Watchdog
+
+logger = logging.getLogger("axa_django")
 
 _PRIORITY, _RUN_AT = operator.itemgetter(7), operator.itemgetter(8)  # of a claimed row (sql.CLAIM_RETURNING)
 
@@ -43,6 +46,8 @@ class Claimer:
         self._statements: dict[tuple[str, tuple[str, ...]], str] = {}
         self._queue_claims: dict[tuple[str, ...], QueueClaim] = {}  # by the names it claims
         self._lane_statements: dict[tuple[tuple[str, ...], tuple[tuple[str, int], ...]], str] = {}
+        # Rows the last claim gave back at once (``_give_back``).
+        self.given_back: list[uuid.UUID] = []
 
     def claim(self, names: list[str], limit: int, ahead: bool = False) -> list[Claimed] | None:
         """Claim and hold up to ``limit`` rows; ``ahead``: more than there are free threads, started_at left for later.
@@ -50,9 +55,28 @@ class Claimer:
         None if the database failed (logged, backed off). The jobs are held by the
         ledger and timed by the watchdog; the caller hands them out.
         """
-        options = self.options
-        if not names and not options.backends:
+        self.given_back = []
+        if not names and not self.options.backends:
             return []
+        self.ledger.claim_begins()
+        rows: list[tuple[Any, ...]] | None = []
+        try:
+            rows = self._rows(names, limit, ahead)
+        finally:
+            stale = self.ledger.claim_ends([row[0] for row in rows or ()])
+        if rows is None:
+            return None
+        if stale:
+            rows = [row for row in rows if row[0] not in stale]
+            self._give_back(stale)
+        # The claims' own order, priority first, then run_at: threads take the best first.
+        rows.sort(key=_RUN_AT)
+        rows.sort(key=_PRIORITY, reverse=True)  # stable, reversed too: equal priorities keep run_at's order
+        return self._build(rows)
+
+    def _rows(self, names: list[str], limit: int, ahead: bool) -> list[tuple[Any, ...]] | None:
+        """Claim up to ``limit`` rows: limited jobs, then queues with a fleet-wide limit, then the rest."""
+        options = self.options
         # Jobs with a concurrency or rate limit first (limited.py), then the others as ever.
         free = max(0, options.concurrency - self.ledger.running())
         rows = self.limited.claim(names, limit, free, ahead)
@@ -72,9 +96,28 @@ class Claimer:
             if more is None and not rows:
                 return None
             rows += quiet.note("plain", more or [], stirs) if limited else more or []
-        # The claims' own order, priority first, then run_at: threads take the best first.
-        rows.sort(key=_RUN_AT)
-        rows.sort(key=_PRIORITY, reverse=True)  # stable, reversed too: equal priorities keep run_at's order
+        return rows
+
+    def _give_back(self, stale: set[uuid.UUID]) -> None:
+        """Give back rows claimed again while this worker still has an earlier attempt of them, unstarted.
+
+        Rescued during an outage past the lease, then claimed here before that attempt's
+        outcome was written: run, the job ran twice at once (the stale outcome queued the
+        row again mid-run). Its earlier attempt's outcome then finds the row changed and
+        is not written; the job runs again later, once (``given_back``: the dispatcher
+        waits a little for that attempt to be done with).
+        """
+        self.given_back = list(stale)
+        logger.warning(
+            "claimed %d job(s) again that this worker still has an earlier attempt of (rescued during an outage): "
+            "given back to the queue, unstarted: %s",
+            len(stale),
+            ", ".join(map(str, sorted(stale))),
+        )
+        self.db.execute(sql.UNCLAIM, {"ids": self.given_back, "worker": self.worker_id})
+
+    def _build(self, rows: list[tuple[Any, ...]]) -> list[Claimed]:
+        """Claimed jobs of ``rows``, held by the ledger and timed by the watchdog."""
         # The dispatcher's thread builds every claimed job, and in a drain of short jobs it
         # is the one the job threads wait on: what can be, is looked up once per name.
         kinds: dict[str, tuple[Any, bool, bool]] = {}

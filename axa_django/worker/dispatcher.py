@@ -101,6 +101,10 @@ class Dispatcher:
             self._last_claimed = len(jobs)
             backlog = ledger.backlog = len(jobs) == room
             ledger.hand_out(jobs)
+            if self.claimer.given_back:
+                # Rows claimed again while an earlier attempt here was not done with, given back:
+                # the next claim takes them again until that attempt's outcome is written.
+                ledger.await_gone(self.claimer.given_back, options.poll_interval, control.stopping)
             if jobs and len(jobs) < room:
                 # Idle threads were handed these: let one take the GIL and start them before
                 # this thread goes on to look for the next due row. At a trickle, commit to

@@ -57,6 +57,9 @@ class Ledger:
         self._job_seconds: float | None = None  # moving average of a job's run time
         self._stuck: set[int | None] = set()  # job threads given up at their timeout
         self._stalled_since: float | None = None  # when job threads began to wait for outcomes to be written
+        # Ids whose outcomes were written while a claim ran (``claim_begins`` to ``claim_ends``):
+        # an outcome written after the claim took its row again wrote over the new claim.
+        self._claiming: set[uuid.UUID] | None = None
 
     # -- counts -------------------------------------------------------------------
 
@@ -155,8 +158,39 @@ class Ledger:
         with self._lock:
             self._unwritten -= len(ids)
             self._pending.difference_update(ids)
+            if self._claiming is not None:
+                self._claiming.update(ids)
             self._stalled_since = None
             self._written.notify_all()
+
+    def claim_begins(self) -> None:
+        """A claim starts: outcomes written from now on are noted until ``claim_ends``."""
+        with self._lock:
+            self._claiming = set()
+
+    def claim_ends(self, ids: Iterable[uuid.UUID]) -> set[uuid.UUID]:
+        """The claim took ``ids``; return those of which this worker still has an earlier attempt.
+
+        Held (a thread runs it), its outcome not yet written, or written while the claim ran:
+        the row was rescued meanwhile (an outage past the lease) and claimed again here. Its
+        earlier attempt's outcome, written under FINISH's guard (running under this worker),
+        would land on the new claim, and its ledger entries would be the new attempt's.
+        """
+        with self._lock:
+            written, self._claiming = self._claiming or (), None
+            held, pending = self._in_flight, self._pending
+            return {job_id for job_id in ids if job_id in held or job_id in pending or job_id in written}
+
+    def await_gone(self, ids: Iterable[uuid.UUID], timeout: float, abort: threading.Event) -> None:
+        """Wait until no attempt of ``ids`` is held or unwritten, ``timeout`` at most (or ``abort``)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while any(job_id in self._in_flight or job_id in self._pending for job_id in ids) and not abort.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                # A short wait: ``release`` (a thread's end) notifies nothing.
+                self._written.wait(min(left, 0.05))
 
     def await_outcome(self, job_id: uuid.UUID, abort: threading.Event) -> None:
         """Wait until the finisher is done with ``job_id``'s outcome (or ``abort``): what FINISH made of it."""
