@@ -18,7 +18,6 @@ state and, where it has one, its connection:
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable
@@ -105,7 +104,7 @@ class Worker:
             health_file=health_file,
         )
         self.id = worker_id = uuid.uuid4()
-        self.control = control = Control()
+        self.control = control = Control(options.grace_period)
         self.ledger = ledger = Ledger()
         self.db = db = DispatcherConnection(options, control, ledger)
         quiet = Quiet()
@@ -172,7 +171,7 @@ class Worker:
     # -- control ---------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop claiming; jobs in progress finish, then run() returns 0."""
+        """Stop claiming; jobs in progress finish, then run() returns 0 (1 if the grace period ran out)."""
         self.control.stop()
 
     def abort(self) -> None:
@@ -231,18 +230,24 @@ class Worker:
     def _shutdown(self) -> int:
         """Stop the parts in order: claims, job threads (or give their jobs back), finisher, listener, the row."""
         options, control, ledger, db = self.options, self.control, self.ledger, self.db
-        control.stopping.set()
+        control.stop()  # the grace period starts now if no stop was asked (a burst worker's end)
         self.dispatcher.unclaim_waiting()
         self.jobs.stop()
         self._wait_for_jobs()
         if control.aborting.is_set():
             ids = ledger.ids()
-            if ids:
-                db.execute(sql.RELEASE, {"ids": ids, "worker": self.id})
+            if ids and db.execute(sql.RELEASE, {"ids": ids, "worker": self.id}) is not None:
                 logger.warning("gave %d job(s) back to the queue", len(ids))
+            elif ids:
+                logger.warning(
+                    "could not give %d job(s) back to the queue (the database is unreachable): they stay running "
+                    "under this worker, and the rescue queues them again a lease after its last heartbeat",
+                    len(ids),
+                )
         else:
-            # Every job has finished; wait for the finisher to write their outcomes.
-            while ledger.unwritten() and control.fatal is None:
+            # Every job has finished; wait for the finisher to write their outcomes (an
+            # outage that does not end: until the grace period or a second signal aborts).
+            while ledger.unwritten() and control.fatal is None and not control.aborting.is_set():
                 control.wake.clear()
                 if ledger.unwritten():
                     control.wake.wait(0.1)
@@ -273,19 +278,12 @@ class Worker:
         return 1 if control.aborting.is_set() else 0
 
     def _wait_for_jobs(self) -> None:
-        """Wait for the jobs in progress, up to the grace period (then abort)."""
+        """Wait for the jobs in progress, until the grace period (timed by ``control``) aborts."""
         control, ledger = self.control, self.ledger
-        grace = self.options.grace_period
-        deadline = None if grace is None else time.monotonic() + grace
         while ledger.held() and not control.aborting.is_set():
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                logger.warning("grace period over with %d job(s) still running", ledger.held())
-                control.aborting.set()
-                break
             control.wake.clear()
             if ledger.held():
-                control.wake.wait(0.1 if remaining is None else min(0.1, remaining))
+                control.wake.wait(0.1)
 
     def _left_behind(self) -> list[str]:
         options = self.options

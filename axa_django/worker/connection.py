@@ -181,12 +181,16 @@ class DispatcherConnection:
             try:
                 return connect(self.options.using, "dispatcher")
             except psycopg.OperationalError as error:
-                if self.control.stopping.is_set() and not self.ledger.held():
-                    return None
+                if self.control.stopping.is_set() and (not self.ledger.held() or self._grace_over()):
+                    return None  # past the grace period, jobs held stay running under us for the rescue
                 logger.warning("dispatcher: cannot reach the database (%s); retrying in %.1fs", error, delay)
                 self.control.aborting.wait(delay)
                 delay = min(delay * 2, RECONNECT_MAX)
         return None
+
+    def _grace_over(self) -> bool:
+        deadline = self.control.deadline
+        return deadline is not None and time.monotonic() >= deadline
 
     def failed(self, what: str, error: psycopg.Error) -> None:
         """A statement run on ``current()`` failed: log it, drop a broken connection, back off."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 logger = logging.getLogger("axa_django")
@@ -14,16 +15,20 @@ class Control:
 
     ``wake`` rouses the dispatcher (a thread freed, an outcome written, a notification);
     ``stopping``: claim no more; ``aborting``: give jobs in progress back now; ``done``:
-    the worker is gone, so the heartbeat and the watchdog stop.
+    the worker is gone, so the heartbeat and the watchdog stop. With a ``grace`` period,
+    the first stop aborts once it has passed: every wait of a stop (jobs, outcomes, a
+    reconnect through an outage) gives up on ``aborting``, so no outage holds it longer.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, grace: float | None = None) -> None:
         self.wake = threading.Event()
         self.stopping = threading.Event()
         self.aborting = threading.Event()
         self.done = threading.Event()
         self.fatal: str | None = None  # the thread whose death stopped the worker
         self.threads: list[threading.Thread] = []
+        self.grace = grace
+        self.deadline: float | None = None  # monotonic: when the first stop's grace period ends
 
     def rouse(self) -> None:
         """Set ``wake`` unless it is set: what a finished job does, so most cost no lock.
@@ -35,9 +40,26 @@ class Control:
             self.wake.set()
 
     def stop(self) -> None:
-        """Claim no more; jobs in progress finish."""
+        """Claim no more; jobs in progress finish (within the grace period, if there is one)."""
+        if self.grace is not None and self.deadline is None and not self.aborting.is_set():
+            # Timed from the stop itself, not from when the dispatcher returns: during an
+            # outage it may never return on its own (it waits for the jobs held).
+            self.deadline = time.monotonic() + self.grace
+            timer = threading.Timer(self.grace, self._grace_over)
+            timer.name, timer.daemon = "axa-grace", True
+            timer.start()
         self.stopping.set()
         self.wake.set()
+
+    def _grace_over(self) -> None:
+        if self.done.is_set() or self.aborting.is_set():
+            return
+        logger.warning(
+            "grace period over (%gs since the stop): giving jobs in progress back to the queue; any the database "
+            "cannot take now stay running under this worker until the rescue queues them again",
+            self.grace,
+        )
+        self.abort()
 
     def abort(self) -> None:
         """Stop now, giving jobs in progress back to the queue."""
