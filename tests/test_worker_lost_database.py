@@ -560,3 +560,44 @@ def test_a_lost_attempt_written_while_its_row_is_claimed_again_leaves_it_queued(
         assert worker.claimer.given_back == [job.pk]
         assert state(job) == ("queued", None, None, 0, 2)  # the outcome's, a second loss; UNCLAIM found it so
         assert worker.ledger.ids() == [job.pk]
+
+
+# -- a lost attempt whose cancel was asked ----------------------------------------------------
+
+
+@background_job(takes_context=True)
+def cancels_itself_then_ends_its_connection(context: Any) -> None:
+    Job.objects.filter(pk=context.job_id).cancel()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+
+def test_a_lost_attempt_whose_cancel_was_asked_is_reported_cancelled(caplog):
+    # The requeue guard turned the retry into cancelled; FINISH reported only the rows it
+    # failed, so the worker said "queued again", counted it queued and sent job_finished queued.
+    caplog.set_level(logging.INFO, logger="axa_django")
+    job = cancels_itself_then_ends_its_connection.perform_later()
+    with finished_signals() as (jobs, _):
+        worker, thread = burst_in_thread()
+        thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert Job.objects.get(pk=job.pk).status == "cancelled"
+    assert (jobs, dict(worker.outcomes)) == ({job.pk: ["cancelled"]}, {"cancelled": 1})
+    lines = [r.getMessage() for r in caplog.records if "lost" in r.getMessage() and str(job.pk) in r.getMessage()]
+    assert len(lines) == 1 and lines[0].endswith("it was cancelled, not queued again"), lines
+
+
+def test_a_lost_attempt_of_a_parent_whose_cancel_was_asked_is_reported_cancelled():
+    # Written apart (FINISH_PARENTS), it was read back for failed rows only.
+    parent = wj.noop.perform_later(1)
+    child = wj.noop.using(after=[parent]).perform_later(2)
+    worker = uuid.uuid4()
+    with connect("default", "test") as conn:
+        register(conn, worker, [wj.noop.name])
+        [claimed] = claim(conn, [wj.noop.name], worker)
+        conn.execute("UPDATE axa_queue SET cancel_requested = true WHERE id = %s", [parent.pk])
+        outcome = lost(claimed, "server closed the connection unexpectedly", "Traceback ...", worker)
+        with conn.cursor() as cursor:
+            assert finish(cursor, [outcome], worker) == set()
+    assert outcome.status == "cancelled"
+    assert [Job.objects.get(pk=job.pk).status for job in (parent, child)] == ["cancelled", "cancelled"]

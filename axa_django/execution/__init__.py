@@ -260,9 +260,14 @@ def _as_json(o: Outcome) -> str:
     )
 
 
-def finish(cursor: psycopg.Cursor[Any], outcomes: list[Outcome], worker_id: uuid.UUID | None) -> set[uuid.UUID]:
+def finish(
+    cursor: psycopg.Cursor[Any], outcomes: list[Outcome], worker_id: uuid.UUID | None, *, only_lost: bool = False
+) -> set[uuid.UUID]:
     """Write outcomes in one statement; return the ids of those not written (their rows were rescued or changed).
 
+    A retry that did not end queued gets the status it ended with (failed through max_losses,
+    cancelled by the requeue guard); ``only_lost``: only attempts lost to the database, whose
+    job threads wait for the write (the others' threads report theirs meanwhile, unchanged).
     Jobs that completed themselves were written by their own transaction.
     """
     if any(o.self_completed for o in outcomes):
@@ -283,28 +288,34 @@ def finish(cursor: psycopg.Cursor[Any], outcomes: list[Outcome], worker_id: uuid
         cursor.execute(sql.FINISH, {"outcomes": f"[{document}]", "worker": worker_id})
     row = cursor.fetchone()
     unwritten = set(row[1]) if row is not None and row[1] else set()
-    if row is not None and row[2]:  # attempts lost to the database that failed their job (max_losses)
-        _failed(outcomes, set(row[2]))
+    if row is not None and row[2]:  # retries that did not end queued (failed, cancelled)
+        _ended(outcomes, {uuid.UUID(job_id): status for job_id, status in row[2]}, only_lost)
     if unwritten:  # jobs with children (or rescued meanwhile): see dependencies.py
         left = [o for o in outcomes if o.id in unwritten]
         params = {"outcomes": f"[{','.join(map(_as_json, left))}]", "worker": worker_id}
-        written = dependencies.finish_parents(cursor, sql.FINISH_PARENTS, params)
+        # FINISH_PARENTS and the settle of their children in one transaction.
+        with cursor.connection.transaction():
+            cursor.execute(sql.FINISH_PARENTS, params)
+            rows = cursor.fetchall()
+            written = {job_id for job_id, *_ in rows}
+            dependencies.settle(cursor, written)
         unwritten -= written
-        losses = [o.id for o in left if o.lost is not None and o.id in written]
-        if losses:  # rare: read back at once which of them failed the job (max_losses reached)
-            cursor.execute(sql.FAILED_IDS, {"ids": losses})
-            _failed(left, {found for (found,) in cursor.fetchall()})
+        _ended(left, {job_id: status for job_id, _, status in rows if status not in (None, "queued")}, only_lost)
     return unwritten
 
 
-def _failed(outcomes: list[Outcome], ids: set[uuid.UUID]) -> None:
+def _ended(outcomes: list[Outcome], statuses: dict[uuid.UUID, str], only_lost: bool) -> None:
+    if not statuses:
+        return
     for outcome in outcomes:
-        if outcome.id in ids:
-            outcome.status = "failed"
+        status = statuses.get(outcome.id)
+        if status is not None and (outcome.lost is not None or not only_lost):
+            outcome.status = status
 
 
-def finish_in_place(cursor: psycopg.Cursor[Any], outcome: Outcome, worker_id: uuid.UUID | None, why: str) -> bool:
-    """Write a finished outcome whose move into the history was refused, in place, saying why; whether it was.
+def finish_in_place(cursor: psycopg.Cursor[Any], outcome: Outcome, worker_id: uuid.UUID | None, why: str) -> str | None:
+    """Write a finished outcome whose move into the history was refused, in place, saying why; the status
+    it ended with (a retry whose cancel was asked: cancelled), None if not written (the row changed).
 
     In a transaction of its own: ``axa.in_place`` holds for this transaction only.
     """
@@ -314,11 +325,12 @@ def finish_in_place(cursor: psycopg.Cursor[Any], outcome: Outcome, worker_id: uu
         cursor.execute(refused.FINISH_IN_PLACE, {"outcomes": f"[{_as_json(outcome)}]", "worker": worker_id})
         rows = cursor.fetchall()
         if not rows:
-            return False
-        if rows[0][1] != "queued":
+            return None
+        status: str = rows[0][1]
+        if status != "queued":
             cursor.execute(refused.NOTE, {"id": outcome.id, "type": refused.REFUSED_TYPE, "message": refused.note(why)})
             dependencies.settle(cursor, [outcome.id])
-    return True
+    return status
 
 
 _TIMEOUT_TYPE = stored_type(JobTimeout)

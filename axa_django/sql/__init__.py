@@ -60,7 +60,7 @@ _SPENT = f"(v.lost IS NOT NULL AND {_LOSSES} >= COALESCE(q.max_losses, v.lost))"
 # moves into the history (history.py): deleted from axa_queue and inserted into
 # axa_history, which writes fewer index entries than updating it in place, and leaves
 # the claims' table only the rows still to run. A retry stays in place. A job with
-# children is left out: dependencies.finish_parents writes it and settles its children
+# children is left out: execution.finish writes it apart and settles its children
 # in one transaction (FINISH_PARENTS), so a childless job costs nothing more. The rows
 # are found by their ids (an InitPlan array, the index's condition): joined to the
 # outcomes, a generic plan made on statistics that saw few running rows walked the
@@ -122,13 +122,14 @@ WITH v AS MATERIALIZED (
 )
 """
 # One row: the setting, the ids of the outcomes not written (jobs with children, rows
-# rescued or changed meanwhile), most often none, and the ids of the attempts lost to the
-# database that failed the job (max_losses reached), which the worker then reports as
-# failed. Returning the written ones sent every id back and the finisher loaded and
+# rescued or changed meanwhile), most often none, and [id, status] of each retry that did
+# not end queued, which the worker then reports so: an attempt lost to the database that
+# failed the job (max_losses reached), a retry of a job whose cancel was asked (cancelled
+# by the axa_queue_requeue guard). Returning the written ones sent every id back and the finisher loaded and
 # hashed each (1 us a job of its CPU, measured apart).
 FINISH = f"""{_FINISH_WRITES}SELECT {NO_FLUSH},
     ARRAY(SELECT id FROM v EXCEPT SELECT id FROM moved EXCEPT SELECT id FROM retried),
-    ARRAY(SELECT id FROM retried WHERE status = 'failed')
+    ARRAY(SELECT ARRAY[id::text, status] FROM retried WHERE status <> 'queued')
 """
 # FINISH for a batch of jobs that all completed and returned None, the common batch: the
 # ids and start times as two arrays, which the server reads at 0.6 us a row less than the
@@ -410,16 +411,13 @@ SELECT id, false, coalesce(live, first) FROM ranked WHERE live IS NOT NULL OR fi
 """
 
 # FINISH for jobs with children, run in a transaction with dependencies.SETTLE: the ids
-# it wrote, whose children to settle.
+# it wrote, whose children to settle, each retry's status beside its id (as FINISH reports
+# them: failed through max_losses, cancelled by the requeue guard), NULL for a row moved.
 _PARENT_WRITES = _FINISH_WRITES.replace("\n  AND NOT q.has_children\n", "\n")
 assert _PARENT_WRITES != _FINISH_WRITES, "FINISH lost its no-children guard"
-FINISH_PARENTS = f"""{_PARENT_WRITES}SELECT id, {NO_FLUSH} FROM moved
-UNION ALL SELECT id, {NO_FLUSH} FROM retried
+FINISH_PARENTS = f"""{_PARENT_WRITES}SELECT id, {NO_FLUSH}, NULL::text FROM moved
+UNION ALL SELECT id, {NO_FLUSH}, status FROM retried
 """
-# Which of the ids are failed rows, wherever they are (axa_queue, or a history table): the
-# attempts lost to the database that FINISH_PARENTS wrote, read back to tell those that
-# failed the job (max_losses reached) from those queued again.
-FAILED_IDS = "SELECT id FROM axa_queue WHERE id = ANY(%(ids)s::uuid[]) AND status = 'failed'"
 
 # A job completing itself (JobContext.complete_in_transaction), in the job's own
 # transaction on the queue database: the row is completed with the job's writes there,

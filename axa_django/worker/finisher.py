@@ -119,7 +119,7 @@ class Finisher:
                     conn = connect(self.options.using, "finisher")
                 try:
                     with conn.cursor() as cursor:
-                        return conn, finish(cursor, batch, self.worker_id)
+                        return conn, finish(cursor, batch, self.worker_id, only_lost=True)
                 except refused.OUTAGE:
                     raise
                 except psycopg.Error as error:
@@ -151,7 +151,15 @@ class Finisher:
         plain, stripped = spent(outcome), unstorable(outcome, error)
 
         def in_place(written: Outcome) -> Any:
-            return lambda cursor: set() if finish_in_place(cursor, written, self.worker_id, why) else {outcome.id}
+            def attempt(cursor: psycopg.Cursor[Any]) -> set[uuid.UUID]:
+                status = finish_in_place(cursor, written, self.worker_id, why)
+                if status is None:
+                    return {outcome.id}
+                if outcome.lost is not None:  # a copy (``spent``): a retry whose cancel was asked ended cancelled
+                    written.status = status
+                return set()
+
+            return attempt
 
         attempts = (
             (stripped, lambda cursor: finish(cursor, [stripped], self.worker_id)),

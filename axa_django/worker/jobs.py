@@ -128,6 +128,8 @@ class JobThreads:
                 job.id,
                 what,
             )
+        elif outcome.status == "cancelled":  # its cancel was asked: the requeue guard ended it
+            logger.warning("job %s %s: %s; it was cancelled, not queued again", job.name, job.id, what)
         else:
             logger.warning(
                 "job %s %s: %s; it is queued again without using an attempt (a loss is counted: max_losses "
