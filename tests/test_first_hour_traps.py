@@ -34,7 +34,7 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
-from django.db import ProgrammingError, connection, connections, transaction
+from django.db import DatabaseError, ProgrammingError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext, override_settings
 
 import axa_django
@@ -125,7 +125,7 @@ def test_known_jobs_and_queues_do_not_warn_and_are_judged_once(monkeypatch):
     judged: list[tuple[str, str]] = []
     judge = reach.VERDICTS._judge
 
-    def counted(name: str, queue: str, *rest: Any) -> reach.Verdict:
+    def counted(name: str, queue: str, *rest: Any) -> tuple[reach.Verdict, bool]:
         judged.append((name, queue))
         return judge(name, queue, *rest)
 
@@ -564,7 +564,28 @@ def test_an_unreadable_pause_table_leaves_the_callers_transaction_as_it_was():
             job = jobs.add.using(queue="traps-unread").perform_later(1)
         assert Job.objects.get(pk=job.pk).queue == "traps-unread"  # the transaction went on
         transaction.set_rollback(True)
-    registry.forget_verdicts()  # the tables were read as none
+    # Neither the tables nor the verdict judged without them are kept: read again next time.
+    assert reach.VERDICTS.tables is None
+    assert ("tests.testapp.jobs.add", "traps-unread") not in reach.VERDICTS.cache
+
+
+@pytest.mark.django_db
+def test_a_failed_read_of_the_paused_queues_is_not_kept_for_later_enqueues():
+    call_command("queues", "pause", "traps-broken", stdout=io.StringIO())
+    registry.forget_verdicts()  # the tables an earlier test read did not have this queue
+    with transaction.atomic():
+        with connection.cursor() as cursor, pytest.raises(DatabaseError):
+            cursor.execute("SELECT 1/0")
+        # In the transaction the caller broke the read fails too; the enqueue's error is its own.
+        with warnings.catch_warnings(), pytest.raises(DatabaseError):
+            warnings.simplefilter("ignore", UnknownQueueWarning)
+            jobs.add.using(queue="traps-broken").perform_later(1)
+        transaction.set_rollback(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnreachableJobWarning)  # as under pytest's filterwarnings = error
+        job = jobs.add.using(queue="traps-broken").perform_later(2)
+    assert Job.objects.get(pk=job.pk).queue == "traps-broken"
+    assert reach.VERDICTS.tables is not None and "traps-broken" in reach.VERDICTS.tables
 
 
 @pytest.mark.parametrize(

@@ -157,7 +157,9 @@ class Verdicts:
         if found is not _UNSEEN:
             return found  # type: ignore[no-any-return]
         generation = self.generation  # read before the snapshots: a later registration bumps it
-        found = self._judge(name, queue, jobs, generation)
+        found, sure = self._judge(name, queue, jobs, generation)
+        if not sure:
+            return found  # judged without the paused and limited queues: judged again next time
         with self.lock:
             if self.generation == generation and key not in self.cache:
                 if len(self.cache) >= MOST_VERDICTS:
@@ -165,22 +167,27 @@ class Verdicts:
                 self.cache[key] = found
         return found
 
-    def _judge(self, name: str, queue: str, jobs: Mapping[str, Any], generation: int) -> Verdict:
+    def _judge(self, name: str, queue: str, jobs: Mapping[str, Any], generation: int) -> tuple[Verdict, bool]:
+        """The verdict, and whether it may be kept: not if the paused and limited queues could not be read."""
         known_jobs = conf.get("KNOWN_JOBS")
         if name not in jobs and name not in known_jobs:
-            return UnknownJobWarning, tuple(did_you_mean(name, (*tuple(jobs), *known_jobs)))
+            return (UnknownJobWarning, tuple(did_you_mean(name, (*tuple(jobs), *known_jobs)))), True
         queues = code_queues(tuple(jobs.values()))
         if queue in queues:
-            return None  # a registered job's own queue never costs a query
+            return None, True  # a registered job's own queue never costs a query
         tables = self.tables
         if tables is None:
             tables = table_queues()
+            if tables is None:
+                # One failed read (a caller's broken transaction, a blip) must not stand for the
+                # process's lifetime: warned about now, read again at the next enqueue.
+                return (UnknownQueueWarning, tuple(did_you_mean(queue, queues))), False
             with self.lock:
                 if self.generation == generation:
                     self.tables = tables
         if queue in tables:
-            return None
-        return UnknownQueueWarning, tuple(did_you_mean(queue, queues | tables))
+            return None, True
+        return (UnknownQueueWarning, tuple(did_you_mean(queue, queues | tables))), True
 
 
 VERDICTS = Verdicts()
@@ -199,8 +206,8 @@ def code_queues(jobs: Iterable[Any]) -> frozenset[str]:
     return frozenset(queues)
 
 
-def table_queues() -> frozenset[str]:
-    """The queues paused or limited in the queue database; none when they cannot be read.
+def table_queues() -> frozenset[str] | None:
+    """The queues paused or limited in the queue database; None when they cannot be read.
 
     Read in a savepoint (a transaction of its own outside one): an enqueue inside the
     caller's transaction goes on as it would have, whatever this query met (tables not
@@ -212,7 +219,7 @@ def table_queues() -> frozenset[str]:
             cursor.execute(TABLE_QUEUES)
             return frozenset(queue for (queue,) in cursor.fetchall())
     except DatabaseError:
-        return frozenset()
+        return None
 
 
 def _guess(guesses: tuple[str, ...]) -> str:
