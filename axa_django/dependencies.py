@@ -194,16 +194,3 @@ def settle(cursor: Any, ids: Iterable[uuid.UUID]) -> list[tuple[uuid.UUID, str]]
         return []
     cursor.execute(SETTLE, {"ids": ids})
     return [(row[0], row[1]) for row in cursor.fetchall() if row[0] is not None]
-
-
-def finish_parents(cursor: Any, statement: str, params: dict[str, Any]) -> set[uuid.UUID]:
-    """Write the outcomes FINISH left for jobs with children, and settle those children, in one transaction.
-
-    ``statement`` is FINISH without its no-children guard. Outcomes of jobs rescued
-    meanwhile come here too: their guard fails again and nothing is written.
-    """
-    with cursor.connection.transaction():
-        cursor.execute(statement, params)
-        written = {row[0] for row in cursor.fetchall()}
-        settle(cursor, written)
-    return written
