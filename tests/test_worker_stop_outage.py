@@ -60,7 +60,12 @@ class Proxy:
             if not self.up:  # closing the socket does not end an accept() under way
                 client.close()
                 return
-            server = socket.create_connection(self.target)
+            host, port = self.target
+            if host.startswith("/"):  # the embedded server listens on a Unix socket
+                server = socket.socket(socket.AF_UNIX)
+                server.connect(f"{host}/.s.PGSQL.{port}")
+            else:
+                server = socket.create_connection(self.target)
             with self.lock:
                 self.sockets += [client, server]
             for a, b in ((client, server), (server, client)):
