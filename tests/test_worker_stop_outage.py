@@ -152,3 +152,6 @@ def test_a_stop_during_an_endless_outage_ends_within_the_grace_period(proxy, cap
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM axa_worker WHERE id = %s", [worker.id])
         assert cursor.fetchone() == (1,)
+    if query:  # the lost job's thread says so, not that the job was queued again
+        wait_for(lambda: "could not be written before the stop" in caplog.text, 10, what="the lost job's line")
+        assert "queued again without using an attempt" not in caplog.text
