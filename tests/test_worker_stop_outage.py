@@ -11,6 +11,7 @@ import contextlib
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -30,7 +31,6 @@ BOUND = 3.0
 go = threading.Event()
 
 
-@background_job
 def stop_outage_waits(query: bool) -> None:
     go.wait(30)
     if query:  # dies with the cut connection: lost to the database, its thread awaits the write
@@ -122,13 +122,20 @@ def proxy() -> Iterator[Proxy]:
     ids=["lost-job-held", "outcome-unwritten"],
 )
 def test_a_stop_during_an_endless_outage_ends_within_the_grace_period(proxy, caplog, concurrency, query):
+    # A name registered now: only this worker knows it (a worker of another test of this
+    # process, started before, claims by the names it knew then), so only it runs the job.
+    waits = background_job(name=f"tests.stop_outage.waits_{uuid.uuid4().hex}")(stop_outage_waits)
     worker = Worker(install_signals=False, concurrency=concurrency, grace_period=GRACE, poll_interval=0.2)
     codes: list[int] = []
     thread = threading.Thread(target=lambda: codes.append(worker.run()), name="outage worker", daemon=True)
     proxy.threads.append((worker, thread))
     thread.start()
-    job = stop_outage_waits.perform_later(query=query)
-    wait_for(lambda: Job.objects.get(pk=job.pk).status == "running", 20, what="the job running")
+    job = waits.perform_later(query=query)
+    wait_for(
+        lambda: Job.objects.filter(pk=job.pk, status="running", worker_id=worker.id).exists(),
+        20,
+        what="the job running under this worker",
+    )
 
     proxy.cut()  # the outage: it never ends
     go.set()
