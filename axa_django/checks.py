@@ -129,7 +129,8 @@ def _is_queue_backend(path: Any) -> bool:
     """Whether a TASKS BACKEND path names QueueBackend or a subclass (a broken path: no, Django reports it)."""
     if path == QUEUE_BACKEND:
         return True
-    if not isinstance(path, str) or not path.startswith(tuple(name + "." for name in _user_modules())):
+    # Django's and the backport's own backends are no subclass of it: not imported here.
+    if not isinstance(path, str) or path.partition(".")[0] in ("django", "django_tasks", ""):
         return False
     try:
         found = import_string(path)
@@ -137,19 +138,6 @@ def _is_queue_backend(path: Any) -> bool:
         return False
     mro = getattr(found, "__mro__", ())
     return any(f"{cls.__module__}.{cls.__qualname__}" == QUEUE_BACKEND for cls in mro)
-
-
-def _user_modules() -> list[str]:
-    """Top-level packages a subclass of QueueBackend may live in: any but Django's and the backport's."""
-    tasks = getattr(settings, "TASKS", None) or {}
-    return sorted(
-        {
-            str(params.get("BACKEND", "")).partition(".")[0]
-            for params in tasks.values()
-            if isinstance(params, dict) and isinstance(params.get("BACKEND"), str)
-        }
-        - {"django", "django_tasks", ""}
-    )
 
 
 @checks.register()

@@ -85,18 +85,7 @@ def test_a_job_whose_connection_is_ended_goes_back_to_the_queue_and_runs_again(t
     job = sleeps_the_first_time.perform_later(marker=str(tmp_path / "ran"))
     worker, thread = burst_in_thread()
     try:
-
-        def sleeping() -> int | None:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query = %s", [SLEEP]
-                )
-                row = cursor.fetchone()
-            return row[0] if row else None
-
-        pid = wait_for(sleeping, what="the job's query on the server")
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        end_the_sleeping_backend()
     finally:
         thread.join(timeout=60)
     assert not thread.is_alive()
