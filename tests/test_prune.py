@@ -300,7 +300,7 @@ def test_a_slow_prune_does_not_hold_up_the_claims() -> None:
             with connection.cursor() as cursor:
                 cursor.execute(
                     "SELECT pid, query_start FROM pg_stat_activity WHERE state = 'active' "
-                    "AND pid <> pg_backend_pid() AND query LIKE %s",
+                    "AND datname = current_database() AND pid <> pg_backend_pid() AND query LIKE %s",
                     ["%DELETE FROM ONLY axa_queue WHERE id = ANY%"],
                 )
                 return cursor.fetchone()

@@ -350,7 +350,8 @@ def test_a_worker_whose_connection_drops_as_it_starts_retries_and_starts(workers
 
         def blocked() -> int | None:
             row = watcher.execute(
-                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database() "
+                "AND query LIKE %s",
                 ["%django_migrations%"],
             ).fetchone()
             return row[0] if row else None
