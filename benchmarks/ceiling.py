@@ -72,9 +72,11 @@ def script() -> str:
 
     worker = f"'{WORKER}'::uuid"  # pgbench variables hold numbers only
     # CLAIM_LANES without its snapshot row (the worker's floors bookkeeping), which cannot sit in a CTE.
-    claim = sql.compose(sql.CLAIM.replace("{walks}", "{lane_walks}"), [NAME], [], None, lanes=[(NAME, 0)])
+    claim = sql.compose(sql.CLAIM.replace("{walks}", "{lane_walks}"), [NAME], [], None, lanes=[0])
     claim = claim.replace("%(limit)s", ":batch").replace("%(ahead)s", "false").replace("%(worker)s", worker)
-    claim = claim.replace("%(floors)s", "ARRAY[COALESCE(NULLIF(current_setting('axa.floor', true), ''), '-infinity')]")
+    # One floor per segment of the walk (sql.segments): the gap above priority 0, its lane, the gap below.
+    floor = "COALESCE(NULLIF(current_setting('axa.floor', true), ''), '-infinity')::timestamptz"
+    claim = claim.replace("%(floors)s", f"ARRAY[NULL, {floor}, NULL]")
     finish = sql.FINISH_COMPLETED.replace("%(ids)s", ":ids").replace("%(started)s", ":started")
     finish = finish.replace("%(worker)s", worker)
     return "\n".join(

@@ -4,11 +4,11 @@
 
 For each shape NAMESxROWS it fills a fresh ``axa_bench_spread`` database with that many
 ready rows (one INSERT, so they share one run_at, as a bulk enqueue's do), then runs
-EXPLAIN (ANALYZE, BUFFERS) of the worker's lane claim (``sql.CLAIM_LANES``, every name
-a lane at priority 0, floors at -infinity, as a worker's first claim) for --limit rows,
-in a transaction rolled back. It prints the rows the claim locked (its LockRows nodes),
-the buffers it touched and its execution time: the claim walks each name and locks up
-to --limit rows in each, so the work grows with names x limit, not with the rows taken.
+EXPLAIN (ANALYZE, BUFFERS) of the worker's lane claim (``sql.CLAIM_LANES``, priority 0 a
+lane with its floor at -infinity, as a worker's first claim) for --limit rows, in a
+transaction rolled back. It prints the rows the claim locked (its LockRows nodes), the
+buffers it touched and its execution time: how the claim's work grows (or does not) as
+the same rows spread over more names.
 """
 
 from __future__ import annotations
@@ -47,16 +47,15 @@ def main() -> None:
 
     django.setup()
     from axa_django import sql
-    from axa_django.worker.lanes import MAX_LANES
 
     info = server_info(url)
     print(f"server: PostgreSQL {info['version']}, {info['connection']}; claims of {args.limit}")
     for shape in args.shapes.split(","):
         count, rows = (int(part) for part in shape.split("x"))
         names = [f"bench.spread{i}" for i in range(count)]
-        lanes = [(name, 0) for name in names[:MAX_LANES]]
-        statement = sql.compose(sql.CLAIM_LANES, names, [], None, lanes=lanes)
-        params = {"worker": uuid.uuid4(), "limit": args.limit, "ahead": True, "floors": ["-infinity"] * len(lanes)}
+        statement = sql.compose(sql.CLAIM_LANES, names, [], None, lanes=[0])
+        floors = [None if lane is None else "-infinity" for lane, _, _ in sql.segments([0])]
+        params = {"worker": uuid.uuid4(), "limit": args.limit, "ahead": True, "floors": floors}
         with connect(url) as conn:
             conn.execute("TRUNCATE axa_queue CASCADE")
             conn.execute(

@@ -433,7 +433,7 @@ def test_a_queue_workers_claim_never_walks_other_queues():
             )
         )
         conn.rollback()
-    assert "axa_queue_claim_queue" in plan, plan
+    assert "axa_queue_claim_all_queue" in plan, plan
     assert "Rows Removed by Filter" not in plan, plan
     assert Job.objects.filter(queue="b", status="running").count() == 1
 

@@ -39,7 +39,7 @@ def test_the_claim_uses_the_claim_index_not_a_scan():
     fill(finished=20_000, foreign=5_000)
     jobs.count.perform_later(fail=False)
     plan = explain(sql.compose(sql.CLAIM, ["CountWorker"], [], None), {"worker": None, "limit": 4, "ahead": False})
-    assert "axa_queue_claim" in plan, plan
+    assert "axa_queue_claim_all " in plan, plan
     assert "Seq Scan on axa_queue " not in plan, plan  # the table, not axa_queue_limit
 
 
@@ -48,7 +48,7 @@ def test_the_claim_with_queues_uses_the_per_queue_claim_index():
     plan = explain(
         sql.compose(sql.CLAIM, ["CountWorker"], [], ["default"]), {"worker": None, "limit": 4, "ahead": False}
     )
-    assert "axa_queue_claim_queue" in plan and "Seq Scan on axa_queue " not in plan, plan
+    assert "axa_queue_claim_all_queue" in plan and "Seq Scan on axa_queue " not in plan, plan
 
 
 def test_the_seeds_ready_index_serves_the_oldest_ready_job():

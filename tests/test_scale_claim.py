@@ -53,8 +53,9 @@ class Claimer:
 
     def statement(self) -> tuple[str, dict, bool]:
         params = {"worker": self.worker, "limit": 16, "ahead": False}
+        self.lanes.serve(self.names)
         if self.lanes.bounded():
-            key = self.lanes.key(self.names)
+            key = self.lanes.key()
             params["floors"] = self.lanes.floors(key)
             return sql.compose(sql.CLAIM_LANES, self.names, [], self.queues, lanes=key), params, True
         return sql.compose(sql.CLAIM_FULL, self.names, [], self.queues), params, False
@@ -256,8 +257,18 @@ def walks_use_claim_indexes(plan: str) -> None:
     walks = [line for line in scans if "axa_queue_pkey" not in line]
     assert walks, plan
     for line in walks:
-        assert "using axa_queue_claim" in line, plan
+        assert re.search(r"using axa_queue_claim_all(_queue)? ", line), plan
     assert "axa_queue_ready " not in plan and "Seq Scan on axa_queue " not in plan, plan
+    # Each walk in order: a Sort under one would read every ready row of a segment. Only a
+    # worker of several queues sorts, what the walks of its queues handed on (the LIMIT's worth each).
+    sorts = re.findall(r"Sort Key: (.*)", plan)
+    assert all(key == "lane.priority DESC, lane.run_at" for key in sorts), plan
+    assert "Sort  " not in plan or sorts, plan
+
+
+def segment_floors(lanes: list[int], floor: str = "2000-01-01T00:00:00+00:00") -> str:
+    """%(floors)s for the lane walk over ``lanes``: ``floor`` for each lane, NULL for each gap."""
+    return "{" + ",".join("NULL" if lane is None else f'"{floor}"' for lane, _, _ in sql.segments(lanes)) + "}"
 
 
 STATES = ["empty", "history", "skewed"]
@@ -278,10 +289,9 @@ def test_the_claims_keep_their_plan_whatever_the_statistics(state):
             enqueue(conn, 30000)
             enqueue(conn, 10, name="other.job", priority=5)
         conn.execute("ANALYZE axa_queue")
-        lanes = [(NAME, 0), ("other.job", 5)]
-        floors = "{" + ",".join('"2000-01-01T00:00:00+00:00"' for _ in lanes) + "}"
-        params = {"worker": None, "limit": 16, "ahead": False, "floors": floors}
-        for queues in (None, ["default"]):
+        lanes = [5, 0]
+        params = {"worker": None, "limit": 16, "ahead": False, "floors": segment_floors(lanes)}
+        for queues in (None, ["default"], ["default", "other"]):
             for query in (
                 sql.compose(sql.CLAIM_FULL, [NAME, "other.job"], [], queues),
                 sql.compose(sql.CLAIM_LANES, [NAME, "other.job"], [], queues, lanes=lanes),
@@ -289,13 +299,11 @@ def test_the_claims_keep_their_plan_whatever_the_statistics(state):
                 plan = generic(conn, query, params)
                 walks_use_claim_indexes(plan)
                 if queues and state != "empty":
-                    assert "axa_queue_claim_queue" in plan, plan
-                # With nothing queued, axa_queue_claim and axa_queue_claim_queue cost a
-                # --queue worker's walk the same (fresh indexes: which one the planner keeps
+                    assert "axa_queue_claim_all_queue" in plan, plan
+                # With nothing queued, axa_queue_claim_all and axa_queue_claim_all_queue cost
+                # a --queue worker's walk the same (fresh indexes: which one the planner keeps
                 # changed from one test session to the next), or the one with fewer dead
-                # entries left behind is cheaper. Known and left for the squash of the
-                # migrations: the plain walks will state a condition (as
-                # axa_queue_ready_queue's "attempts >= 0") that no queue walk does.
+                # entries left behind is cheaper.
     if state != "skewed":
         return
     # The seed's own CLAIM still has its index.
@@ -311,9 +319,8 @@ def test_the_claims_keep_their_plan_whatever_the_statistics(state):
 def test_the_claims_keep_their_plan_on_every_small_table():
     """Small tables are where plans tie: a worker caches its generic plan there, then the queue grows."""
     wrong = []
-    lanes = [(NAME, 0), ("other.job", 5)]
-    floors = "{" + ",".join('"2000-01-01T00:00:00+00:00"' for _ in lanes) + "}"
-    params = {"worker": None, "limit": 16, "ahead": False, "floors": floors}
+    lanes = [5, 0]
+    params = {"worker": None, "limit": 16, "ahead": False, "floors": segment_floors(lanes)}
     with connect("default", "planner") as conn:
         conn.autocommit = True
         grid = itertools.product([0, 5000], ["default", None], [0, 1, 50, 3000], ["default", None], [False, True])
@@ -389,36 +396,44 @@ def test_rows_queued_with_a_past_run_at_announce_it_and_others_do_not():
     row = (None, NAME, None, 1, None, None, False, 0, naive(now - datetime.timedelta(seconds=1)))
     lanes.learn([row], (1, 1, now), full=True)
     lanes.heard(ready[0])
-    assert lanes.bounded() and lanes.fronts[(NAME, 0)] < now - datetime.timedelta(minutes=59)
+    assert lanes.bounded() and lanes.fronts[0] < now - datetime.timedelta(minutes=59)
     lanes.heard(ready[2])  # '-Infinity': walk from the start
     assert not lanes.bounded()
 
 
-def test_a_claim_of_some_names_gets_the_floors_of_their_lanes_only():
+def test_the_floors_hold_for_the_names_they_were_learnt_for_and_a_claim_for_others_walks_in_full():
     lanes = Lanes()
     late = datetime.datetime.now(datetime.UTC)
     early = late - datetime.timedelta(hours=1)
     snap = (1, 1, late + datetime.timedelta(seconds=1))
+    lanes.serve(["a", "b"])
     lanes.learn(
         [
             (None, "a", None, 1, None, None, False, 0, naive(early)),
             (None, "b", None, 1, None, None, False, 5, naive(late)),
+            (None, "a", None, 1, None, "default", False, 5, naive(early)),  # a django.tasks row: same lane
         ],
         snap,
         full=True,
     )
-    key = lanes.key(["b"])
-    assert key == (("b", 5),)
-    assert lanes.floors(key) == '{"' + late.isoformat() + '"}'  # b's own floor, not a's in its place
+    key = lanes.key()
+    assert key == (5, 0) and lanes.bounded()
+    # One floor per segment of the walk, highest priority first; NULL for each gap.
+    assert lanes.floors(key) == '{NULL,"' + late.isoformat() + '",NULL,"' + early.isoformat() + '",NULL}'
+    lanes.serve(["a", "b"])
+    assert lanes.bounded()
+    lanes.serve(["b"])  # a's rows were never walked for b alone: nothing learnt holds
+    assert not lanes.bounded() and lanes.key() == ()
     assert sql.compose(sql.CLAIM_LANES, ["b"], [], None, lanes=lanes.key()).count("'{b}'") >= 1
 
 
 def test_a_look_after_a_full_walk_was_asked_for_keeps_the_claims_on_their_floors_and_one_before_does_not():
     lanes = Lanes()
+    lanes.serve([NAME])
     now = datetime.datetime.now(datetime.UTC)
     at = now + MARGIN + datetime.timedelta(seconds=1)
     lanes.learn([(None, NAME, None, 1, None, None, False, 0, naive(now))], (1, 1, at), full=True)
-    assert lanes.bounded() and lanes.shown == (((NAME, 0), now),)
+    assert lanes.bounded() and lanes.shown == ((NAME,), ((0, now),))
     started = time.monotonic()
     lanes.forget()  # a full walk asked for (an error, a new connection) after that look began
     lanes.looked(None, started, 60.0)
@@ -457,12 +472,18 @@ def test_a_row_behind_the_floors_is_found_by_the_look_while_the_claims_walk_from
         fronts = dict(claimer.lanes.fronts)
         assert claimer.lanes.bounded() and claimer.lanes.fronts == fronts
         # The look walks each lane's claim index up to its floor, like the claims, as a generic plan.
-        key = tuple(lane for lane, _ in claimer.lanes.shown)
-        floors = "{" + ",".join(f'"{floor.isoformat()}"' for _, floor in claimer.lanes.shown) + "}"
+        names, shown = claimer.lanes.shown
+        key = tuple(lane for lane, _ in shown)
+        floors = "{" + ",".join(f'"{floor.isoformat()}"' for _, floor in shown) + "}"
         beat.execute("SET plan_cache_mode = force_generic_plan")
-        text = sql.compose(sql.LOOK_BEHIND, [], [], None, lanes=key)
+        text = sql.compose(sql.LOOK_BEHIND, list(names), [], None, lanes=key)
         plan = "\n".join(row[0] for row in beat.execute("EXPLAIN " + text, {"floors": floors}))
-        assert "axa_queue_claim " in plan and "Seq Scan on axa_queue" not in plan and "Sort" not in plan, plan
+        assert (
+            names == (NAME,)
+            and "axa_queue_claim_all " in plan
+            and "Seq Scan on axa_queue" not in plan
+            and "Sort" not in plan
+        ), plan
 
 
 @pytest.mark.parametrize("burst", [False, True])

@@ -527,6 +527,25 @@ class Migration(migrations.Migration):
         migrations.AddIndex(
             model_name="job",
             index=models.Index(
+                models.OrderBy(models.F("priority"), descending=True),
+                models.F("run_at"),
+                condition=models.Q(("status__gte", "queued"), ("status__lte", "queued")),
+                name="axa_queue_claim_all",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                models.F("queue"),
+                models.OrderBy(models.F("priority"), descending=True),
+                models.F("run_at"),
+                condition=models.Q(("status__gte", "queued"), ("status__lte", "queued")),
+                name="axa_queue_claim_all_queue",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
                 models.F("backend"),
                 models.OrderBy(models.F("priority"), descending=True),
                 models.F("run_at"),

@@ -185,7 +185,14 @@ class Job(StaysPut):
             # so no claim can be planned over axa_queue_ready (the seed's, kept for its own
             # CLAIM), whatever the statistics say. Over it, a claim walked every ready row
             # of every name from the oldest, dead index entries included, and sorted them.
-            # Serves the claim: per name, highest priority then oldest run_at.
+            # Serve the plain claim: every ready row, highest priority then oldest run_at,
+            # walked in that order whatever names it holds (sql/claims.py), and per queue
+            # for a --queue worker.
+            models.Index(models.F("priority").desc(), "run_at", name="axa_queue_claim_all", condition=QUEUED),
+            models.Index(
+                "queue", models.F("priority").desc(), "run_at", name="axa_queue_claim_all_queue", condition=QUEUED
+            ),
+            # Serves the limited claims: per name, highest priority then oldest run_at.
             models.Index(
                 "name",
                 models.F("priority").desc(),

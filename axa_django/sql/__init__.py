@@ -45,6 +45,9 @@ from .claims import (
 from .claims import (
     compose as compose,
 )
+from .claims import (
+    segments as segments,
+)
 
 # An attempt lost to the database (its connection died under the job; execution.lost) is
 # counted as RESCUE counts a dead worker's: its attempt given back, a loss counted, and

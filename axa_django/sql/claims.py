@@ -13,12 +13,16 @@ from typing import Any
 
 import psycopg.sql
 
-# Claim up to %(limit)s ready jobs, per name best first, in one statement. The LATERAL
-# walk per name (per name and queue for a --queue worker) keeps the cost flat however
-# many rows other names or queues hold. The rows are gathered in ARRAY(...), an InitPlan
-# run once, so no join order can re-run the locking subquery and claim past the LIMIT.
-# django.tasks rows (backend set) are walked per backend alias instead, any task path:
-# the worker resolves their task and refuses anything that is not one (taskrunner.py).
+# Claim up to %(limit)s ready jobs, best first (priority, then run_at), in one statement.
+# One walk in that order over every name and backend alias this worker serves (the
+# {serves} filter; a --queue worker: one walk per queue), which locks only the rows it
+# takes: it walks the priorities as segments, highest first, and stops at the LIMIT.
+# Walked per name instead (each name's walk locking up to the LIMIT before the best were
+# kept), a claim of 64 rows over 1,000 names locked 63,968 rows and read 195,000 buffers:
+# benchmarks/results/pg15-claim-spread.txt. The rows are gathered in ARRAY(...), an
+# InitPlan run once, so no join order can re-run the locking subquery and claim past the
+# LIMIT. django.tasks rows (backend set) are served by their backend alias, any task
+# path: the worker resolves their task and refuses anything that is not one (taskrunner.py).
 # attempts stops short of int overflow so that no row can make the claim fail, and a
 # run_at before year 1 in UTC ('-infinity', a date BC) becomes the claim's time, which
 # Python (and the admin) can load: loading such a time failed the claim after it had
@@ -69,8 +73,7 @@ RETURNING q.id, q.name, q.args::text, q.attempts, q.max_attempts, q.backend, q.s
 CLAIM = f"""
 UPDATE ONLY axa_queue q{CLAIMED}
 WHERE q.ctid = ANY(ARRAY(
-    SELECT c.ctid FROM ({{walks}}) AS c
-    ORDER BY c.priority DESC, c.run_at
+    SELECT c.ctid FROM ({{walks}}) AS c{{order}}
     LIMIT %(limit)s
 )){CLAIM_RETURNING}"""
 # Both claims of background jobs report their snapshot (worker/lanes.py): its oldest
@@ -90,51 +93,46 @@ CLAIM_FULL = _SNAPPED.replace("{claim}", CLAIM)
 CLAIM_LANES = _SNAPPED.replace("{claim}", CLAIM.replace("{walks}", "{lane_walks}"))
 # "status BETWEEN 'queued' AND 'queued'" is how the claims say queued: only the claim
 # indexes are built for it (models.py), so no plan can take the seed's ready index.
-_NAME_WALK = """
-    SELECT c.ctid, c.priority, c.run_at FROM unnest({names}::text[]) AS n(name)
-    CROSS JOIN LATERAL (
-        SELECT ctid, priority, run_at FROM ONLY axa_queue
-        WHERE status BETWEEN 'queued' AND 'queued' AND name = n.name AND backend IS NULL AND run_at <= now() {queue}
-        ORDER BY priority DESC, run_at
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) AS c"""
-_BACKEND_WALK = """
-    SELECT t.ctid, t.priority, t.run_at FROM unnest({backends}::text[]) AS b(backend)
-    CROSS JOIN LATERAL (
-        SELECT ctid, priority, run_at FROM ONLY axa_queue
-        WHERE status BETWEEN 'queued' AND 'queued' AND backend = b.backend AND run_at <= now() {queue}
-        ORDER BY priority DESC, run_at
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) AS t"""
+# What this worker claims: its job names' rows, and django.tasks rows of its backend
+# aliases. IS TRUE keeps the test out of every index: on names and aliases the planner
+# would take the per-name indexes and sort every ready row instead of walking in order.
+SERVES = "((backend IS NULL AND name = ANY({names}::text[])) OR backend = ANY({backends}::text[])) IS TRUE"
 
-# The same claim walking each lane (a name and a priority) from a floor (worker/lanes.py):
-# rows whose claims left dead index entries behind the floor are never walked, however
-# old the oldest snapshot is. Priorities between the known lanes (and above and below
-# them) are walked from their start, so a lane not seen yet is found at once.
-# %(floors)s holds one floor per lane, in the order of {lane_names}.
-_LANE_WALK = """
+# The walk, segment by segment in the order of the unnest (priorities highest first), each
+# segment's rows oldest first (axa_queue_claim_all): a lane is one priority walked from a
+# floor (worker/lanes.py), so that rows whose claims left dead index entries behind the
+# floor are never walked, however old the oldest snapshot is; a gap is the priorities
+# between lanes (or all of them), walked from their start, so a priority not seen yet is
+# found at once. A segment fills only one of the two branches (the other's keys are
+# NULL, which no index entry matches). No ORDER BY above the walk: a Nested Loop hands on
+# rows as the segments yield them, in order, and the LIMIT stops the walk (and its
+# locking) at the rows taken. {most} bounds each branch for the planner (a LIMIT it
+# cannot see planned the walk as a Sort of the whole segment: pg15-claim-spread.txt).
+# The lane branch's floor and now() bound run_at both ways under priority's equality, so
+# rows due later in that priority are never walked. %(floors)s has one floor per segment
+# (NULL for a gap).
+_SEGMENT_WALK = """
     SELECT c.ctid, c.priority, c.run_at
-    FROM unnest({lane_names}::text[], {lane_priorities}::int[], %(floors)s::timestamptz[]) AS l(name, priority, floor)
+    FROM unnest({seg_exact}::int[], {seg_above}::int8[], {seg_below}::int8[], {floors}::timestamptz[])
+        AS s(exact, above, below, floor)
     CROSS JOIN LATERAL (
-        SELECT ctid, priority, run_at FROM ONLY axa_queue
-        WHERE status BETWEEN 'queued' AND 'queued' AND name = l.name AND priority = l.priority AND backend IS NULL
-          AND run_at >= l.floor AND run_at <= now() {queue}
-        ORDER BY priority DESC, run_at
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) AS c"""
-_GAP_WALK = """
-    SELECT c.ctid, c.priority, c.run_at
-    FROM unnest({gap_names}::text[], {gap_above}::int8[], {gap_below}::int8[]) AS g(name, above, below)
-    CROSS JOIN LATERAL (
-        SELECT ctid, priority, run_at FROM ONLY axa_queue
-        WHERE status BETWEEN 'queued' AND 'queued' AND name = g.name AND priority > g.above AND priority < g.below
-          AND backend IS NULL AND run_at <= now() {queue}
-        ORDER BY priority DESC, run_at
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
+        SELECT * FROM (
+            SELECT ctid, priority, run_at FROM ONLY axa_queue
+            WHERE status BETWEEN 'queued' AND 'queued' AND priority = s.exact AND run_at >= s.floor
+              AND run_at <= now() AND {serves} {queue}
+            ORDER BY priority DESC, run_at
+            LIMIT {most}
+            FOR UPDATE SKIP LOCKED
+        ) AS lane
+        UNION ALL
+        SELECT * FROM (
+            SELECT ctid, priority, run_at FROM ONLY axa_queue
+            WHERE status BETWEEN 'queued' AND 'queued' AND priority > s.above AND priority < s.below
+              AND run_at <= now() AND {serves} {queue}
+            ORDER BY priority DESC, run_at
+            LIMIT {most}
+            FOR UPDATE SKIP LOCKED
+        ) AS gap
     ) AS c"""
 
 # The look behind the floors (worker/lookout.py): the oldest ready row of any known lane
@@ -144,11 +142,11 @@ _GAP_WALK = """
 # No FOR UPDATE: a row another worker is claiming right now only lowers a floor in vain.
 _LOOK_WALK = """
     SELECT c.run_at
-    FROM unnest({lane_names}::text[], {lane_priorities}::int[], %(floors)s::timestamptz[]) AS l(name, priority, floor)
+    FROM unnest({lane_priorities}::int[], %(floors)s::timestamptz[]) AS l(priority, floor)
     CROSS JOIN LATERAL (
         SELECT run_at FROM ONLY axa_queue
-        WHERE status BETWEEN 'queued' AND 'queued' AND name = l.name AND priority = l.priority AND backend IS NULL
-          AND run_at < l.floor AND run_at <= now() {queue}
+        WHERE status BETWEEN 'queued' AND 'queued' AND priority = l.priority
+          AND run_at < l.floor AND run_at <= now() AND {serves} {queue}
         ORDER BY priority DESC, run_at
         LIMIT 1
     ) AS c"""
@@ -182,21 +180,39 @@ HELD_ANY = (
     "UNION ALL SELECT l.queue FROM axa_queue_limit l)), true)"
 )
 
-_SLOT = re.compile(r"\{(names|backends|queue_\d+|queues|limited|lane_names|lane_priorities|gap_\w+)\}")
+_SLOT = re.compile(r"\{(names|backends|queue_\d+|queues|limited|lane_priorities|seg_\w+)\}")
 _NO_PRIORITY_ABOVE, _NO_PRIORITY_BELOW = -(2**31) - 1, 2**31
+# Rows one branch of a segment may yield when the caller does not say (compose's ``most``).
+MOST = 1000
 
 
-def _gaps(names: list[str], lanes: Sequence[tuple[str, int]]) -> dict[str, list[Any]]:
-    """Per name, the open ranges of priorities between its known lanes (all of them for a name with none)."""
-    gaps: dict[str, list[Any]] = {"gap_names": [], "gap_above": [], "gap_below": []}
-    for name in names:
-        bounds = [_NO_PRIORITY_ABOVE, *sorted(p for n, p in lanes if n == name), _NO_PRIORITY_BELOW]
-        for above, below in itertools.pairwise(bounds):
-            if below - above > 1:
-                gaps["gap_names"].append(name)
-                gaps["gap_above"].append(above)
-                gaps["gap_below"].append(below)
-    return gaps
+def segments(lanes: Sequence[int]) -> list[tuple[int | None, int | None, int | None]]:
+    """The walk's segments for the known lanes' priorities, highest first: (priority, None, None)
+    for a lane, (None, above, below) for the open range of priorities between two lanes."""
+    bounds = [_NO_PRIORITY_BELOW, *sorted(set(lanes), reverse=True), _NO_PRIORITY_ABOVE]
+    found: list[tuple[int | None, int | None, int | None]] = []
+    for below, above in itertools.pairwise(bounds):
+        if below != _NO_PRIORITY_BELOW:
+            found.append((below, None, None))
+        if below - above > 1:
+            found.append((None, above, below))
+    return found
+
+
+def _filled(template: str, filters: list[str], most: int) -> list[str]:
+    """``template`` under each queue filter."""
+    return [template.replace("{queue}", f).replace("{serves}", SERVES).replace("{most}", str(most)) for f in filters]
+
+
+def _walks(template: str, filters: list[str], most: int) -> tuple[str, str]:
+    """The walks of ``template`` under each queue filter, and the ORDER BY that merges several."""
+    walks = _filled(template, filters, most)
+    if len(walks) == 1:
+        return walks[0], ""  # in order on its own
+    # Several (a worker of some queues) are sorted together: each stops at the LIMIT on its own,
+    # or the Sort would pull (and lock) every row of every segment up to {most}.
+    legs = [f"SELECT * FROM ({walk}\n    LIMIT %(limit)s) AS w{index}" for index, walk in enumerate(walks)]
+    return "\n    UNION ALL\n    ".join(legs), "\n    ORDER BY c.priority DESC, c.run_at"
 
 
 def compose(
@@ -205,33 +221,39 @@ def compose(
     backends: list[str],
     queues: list[str] | None,
     limited: list[str] | None = None,
-    lanes: Sequence[tuple[str, int]] = (),
+    lanes: Sequence[int] = (),
+    most: int = MOST,
 ) -> str:
     """``template`` with the worker's fixed names, backends and queues written in as literals.
 
     A --queue worker walks each of its queues apart, its name written in, so that the
-    planner sees how few rows that queue holds and takes the per-queue index. One
-    pass over the text: a value is never scanned again, so a name such as
-    ``%(queues)s`` or ``{names}`` stays data. ``%`` is doubled so that psycopg leaves
-    it alone while binding the statement's own parameters.
+    planner sees how few rows that queue holds and takes the per-queue index. ``lanes``:
+    the priorities the lane walk and the look take floors for (worker/lanes.py);
+    ``most``: the most rows a claim asks for. One pass over the text: a value is never
+    scanned again, so a name such as ``%(queues)s`` or ``{names}`` stays data. ``%`` is
+    doubled so that psycopg leaves it alone while binding the statement's own parameters.
     """
     values: dict[str, Any] = {"names": names, "backends": backends, "queues": queues or [], "limited": limited or []}
     filters = [HELD_ANY]
     if queues:
         filters = [HELD_ONE.format(slot=f"{{queue_{index}}}") for index in range(len(queues))]
         values.update({f"queue_{index}": queue for index, queue in enumerate(queues)})
-    walks = [walk.replace("{queue}", f) for walk in (_NAME_WALK, _BACKEND_WALK) for f in filters]
-    text = template.replace("{walks}", "\n    UNION ALL".join(walks))
-    if "{lane_walks}" in text:
-        lanes = [lane for lane in lanes if lane[0] in names]
-        values.update(_gaps(names, lanes), lane_names=[n for n, _ in lanes], lane_priorities=[p for _, p in lanes])
-        kinds = ([_LANE_WALK] if lanes else []) + ([_GAP_WALK] if values["gap_names"] else []) + [_BACKEND_WALK]
-        walks = [walk.replace("{queue}", f) for walk in kinds for f in filters]
-        text = text.replace("{lane_walks}", "\n    UNION ALL".join(walks))
+    for slot, floors, seg_lanes in (("{walks}", None, ()), ("{lane_walks}", "%(floors)s", lanes)):
+        if slot in template:
+            found = segments(seg_lanes)
+            walk = _SEGMENT_WALK.replace("{floors}", floors or "{seg_floors}")
+            values.update(
+                seg_exact=[e for e, _, _ in found],
+                seg_above=[a for _, a, _ in found],
+                seg_below=[b for _, _, b in found],
+                seg_floors=[None] * len(found),
+            )
+            walks, order = _walks(walk, filters, most)
+            template = template.replace(slot, walks).replace("{order}", order)
+    text = template
     if "{look_walks}" in text:
-        lanes = list(lanes)
-        values.update(lane_names=[n for n, _ in lanes], lane_priorities=[p for _, p in lanes])
-        text = text.replace("{look_walks}", "\n    UNION ALL".join(_LOOK_WALK.replace("{queue}", f) for f in filters))
+        values.update(lane_priorities=list(lanes))
+        text = text.replace("{look_walks}", "\n    UNION ALL".join(_filled(_LOOK_WALK, filters, most)))
     text = text.replace("{queue_filter}", "AND queue = ANY({queues}::text[])" if queues else "")
     text = text.replace("{paused}", PAUSED_ANY)
 

@@ -45,7 +45,7 @@ class Claimer:
         self.lanes, self.quiet, self.limited, self.watchdog = lanes, quiet, limited, watchdog
         self._statements: dict[tuple[str, tuple[str, ...]], str] = {}
         self._queue_claims: dict[tuple[str, ...], QueueClaim] = {}  # by the names it claims
-        self._lane_statements: dict[tuple[tuple[str, ...], tuple[tuple[str, int], ...]], str] = {}
+        self._lane_statements: dict[tuple[tuple[str, ...], tuple[int, ...]], str] = {}
         # Rows the last claim gave back at once (``_give_back``).
         self.given_back: list[uuid.UUID] = []
 
@@ -152,13 +152,16 @@ class Claimer:
         """Claim up to ``limit`` rows of jobs without limits, each lane walked from its floor (worker/lanes.py)."""
         params: dict[str, Any] = {"worker": self.worker_id, "limit": limit, "ahead": ahead}
         lanes = self.lanes
+        lanes.serve(names)
         bounded = lanes.bounded()
         if bounded:
-            key = lanes.key(names)
+            key = lanes.key()
             statement = self._lane_statements.get((tuple(names), key))
             if statement is None:
                 options = self.options
-                statement = sql.compose(sql.CLAIM_LANES, names, options.backends, options.queues, lanes=key)
+                statement = sql.compose(
+                    sql.CLAIM_LANES, names, options.backends, options.queues, lanes=key, most=self._most()
+                )
                 self._lane_statements[(tuple(names), key)] = statement
             params["floors"] = lanes.floors(key)
         else:
@@ -191,6 +194,10 @@ class Claimer:
             self.db.failed("jobs of limited queues", error)
             return []
 
+    def _most(self) -> int:
+        """The most rows one claim asks for (the threads and the rows claimed ahead of them)."""
+        return self.options.concurrency + self.options.prefetch
+
     def composed(self, template: str, names: list[str]) -> str:
         """``template`` with this worker's names, backends and queues written in, composed once."""
         # Names, backends and queues do not change while the worker runs; sent as
@@ -198,7 +205,8 @@ class Claimer:
         # 5,200 -> 8,000 no-op jobs/s per process), so they are written in once.
         key = (template, tuple(names))
         if key not in self._statements:
-            self._statements[key] = sql.compose(template, names, self.options.backends, self.options.queues)
+            options = self.options
+            self._statements[key] = sql.compose(template, names, options.backends, options.queues, most=self._most())
         return self._statements[key]
 
     def next_run(self, names: list[str]) -> float:

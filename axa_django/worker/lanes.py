@@ -6,8 +6,8 @@ snapshot (a ``pg_dump``, a long report, a replica with ``hot_standby_feedback``)
 btree scans cannot mark them dead either: a claim that walks from the start of the
 index walks every one of them, and in an hour of load that is millions.
 
-So the claim walks each lane, a (name, priority) pair, from a floor: the ``run_at`` of
-the newest row it claimed there, held below the ``run_at`` of any row that may still
+So the claim walks each lane, a priority, from a floor: the ``run_at`` of the newest
+row it claimed there, held below the ``run_at`` of any row that may still
 appear behind it. A row appears behind the floor when its transaction commits after
 newer rows were claimed: its ``run_at`` is its INSERT's statement time. Each claim
 returns its snapshot's oldest running transaction id (``xmin``), its next id
@@ -26,7 +26,8 @@ connection, which lowers the floor to it: a walk through a held snapshot's dead 
 that never holds up a claim. While no look has come in for ``2 * FULL_SCAN`` seconds
 (or more, at a long heartbeat interval), one claim in ``FULL_SCAN`` walks every lane from
 the start instead; every ``FULL_SCAN_UNNOTIFIED`` seconds where no notification can
-reach the worker.
+reach the worker. The floors hold for the names the claims were made for: claims for
+other names (a name whose limit was lifted joins the plain claim) walk in full first.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ import queue
 import time
 from collections.abc import Sequence
 from typing import Any
+
+from ..sql import segments
 
 # Seconds a statement may run before its first write gives its transaction an id.
 MARGIN = datetime.timedelta(milliseconds=50)
@@ -58,7 +61,8 @@ class Lanes:
 
     def __init__(self, *, notified: bool = True) -> None:
         self.full_scan = FULL_SCAN if notified else FULL_SCAN_UNNOTIFIED
-        self.fronts: dict[tuple[str, int], datetime.datetime] = {}
+        self.fronts: dict[int, datetime.datetime] = {}  # by priority
+        self._served: tuple[str, ...] | None = None
         # Times handed over by other threads (the listener, the look): applied by the dispatcher.
         # A pair: a look's start and the time it covers the floors until (monotonic seconds).
         self._lowered: queue.SimpleQueue[datetime.datetime | tuple[float, float] | None] = queue.SimpleQueue()
@@ -68,8 +72,18 @@ class Lanes:
         self._next_full = 0.0
         self._looked_until = 0.0  # a look covered the lanes' floors until this (monotonic)
         self._forced_at = 0.0  # when a walk in full was last asked for (monotonic)
-        # The known lanes' floors, for the look on another thread: replaced, never changed.
-        self.shown: tuple[tuple[tuple[str, int], datetime.datetime], ...] = ()
+        # The known lanes' floors for the look on another thread, with the names they hold
+        # for: replaced whole, never changed.
+        self.shown: tuple[tuple[str, ...], tuple[tuple[int, datetime.datetime], ...]] = ((), ())
+
+    def serve(self, names: Sequence[str]) -> None:
+        """Claim for ``names`` from now on: floors learnt for other names start again from nothing."""
+        served = tuple(names)
+        if served != self._served:
+            if self._served is not None:
+                self.fronts.clear()
+                self.shown = ((), ())
+            self._served = served
 
     def bounded(self) -> bool:
         """Whether the next claim may walk from floors (else it walks every lane in full)."""
@@ -92,15 +106,23 @@ class Lanes:
         now = time.monotonic()
         return self._cap is not None and bool(self.fronts) and (now < self._next_full or now < self._looked_until)
 
-    def key(self, names: Sequence[str] | None = None) -> tuple[tuple[str, int], ...]:
-        """The known lanes (of ``names``, if given), in order: compose them and ``floors()`` alike."""
-        return tuple(sorted(lane for lane in self.fronts if names is None or lane[0] in names))
+    def key(self) -> tuple[int, ...]:
+        """The known lanes' priorities, highest first: compose them and ``floors()`` alike."""
+        return tuple(sorted(self.fronts, reverse=True))
 
-    def floors(self, key: Sequence[tuple[str, int]]) -> str:
-        """The floor of each lane of ``key``, in its order, as a PostgreSQL array literal of timestamptz."""
+    def floors(self, key: Sequence[int]) -> str:
+        """The floor of each segment of the walk over ``key``'s lanes (sql.segments), NULL for a gap,
+        as a PostgreSQL array literal of timestamptz."""
         cap = self._cap
         assert cap is not None
-        return "{" + ",".join(f'"{min(self.fronts[lane], cap).isoformat()}"' for lane in key) + "}"
+        return (
+            "{"
+            + ",".join(
+                "NULL" if lane is None else f'"{min(self.fronts[lane], cap).isoformat()}"'
+                for lane, _, _ in segments(key)
+            )
+            + "}"
+        )
 
     def learn(
         self,
@@ -109,18 +131,17 @@ class Lanes:
         *,
         full: bool,
     ) -> None:
-        """Record a claim: the rows it took (name at 1, backend at 5, priority at 7,
-        run_at at 8, in UTC without a zone) and its snapshot (oldest running transaction
-        id, next id, time)."""
+        """Record a claim: the rows it took (priority at 7, run_at at 8, in UTC without a
+        zone) and its snapshot (oldest running transaction id, next id, time)."""
         xmin, xmax, at = snap
         # A run_at equal to the claim's own time is not where the walk stood: the claim
         # moved the row up from before year 1 (sql.RUN_AT). Taken as a front, it put
         # every row still queued in that lane behind the floor.
         moved_up = at.astimezone(datetime.UTC).replace(tzinfo=None)
-        newest: dict[tuple[str, int], datetime.datetime] = {}
+        newest: dict[int, datetime.datetime] = {}
         for row in rows:
-            lane, run_at = (row[1], row[7]), row[8]
-            if row[5] is None and run_at != moved_up and (lane not in newest or newest[lane] < run_at):
+            lane, run_at = row[7], row[8]
+            if run_at != moved_up and (lane not in newest or newest[lane] < run_at):
                 newest[lane] = run_at
         fronts = self.fronts
         for lane, run_at in newest.items():
@@ -148,7 +169,8 @@ class Lanes:
         # over (SKIP LOCKED), so the fronts stay at the rows this worker took.
         self._cap = cap = self._at[found] - MARGIN
         del self._xmax[:found], self._at[:found]
-        self.shown = tuple((lane, min(front, cap)) for lane, front in sorted(self.fronts.items()))
+        floors = tuple((lane, min(front, cap)) for lane, front in sorted(self.fronts.items(), reverse=True))
+        self.shown = (self._served or (), floors)
 
     def lower(self, when: datetime.datetime | None) -> None:
         """Rows with ``run_at`` from ``when`` on became ready (None: any time): walk from there (any thread)."""

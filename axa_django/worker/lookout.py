@@ -31,24 +31,24 @@ class Lookout:
         # A look covers the floors until the next one is due, with one missed look to spare.
         self.valid = 2 * max(FULL_SCAN, interval)
         self._next = 0.0
-        self._statements: dict[tuple[tuple[str, int], ...], str] = {}
+        self._statements: dict[tuple[tuple[str, ...], tuple[int, ...]], str] = {}
 
     def due(self) -> bool:
         """Whether a look is due: the lanes show floors, notifications reach the worker, the time has come."""
         # Without notifications the claims walk in full every FULL_SCAN_UNNOTIFIED
         # seconds anyway, more often than a heartbeat could look.
-        return bool(self.lanes.shown) and self.lanes.full_scan >= FULL_SCAN and time.monotonic() >= self._next
+        return bool(self.lanes.shown[1]) and self.lanes.full_scan >= FULL_SCAN and time.monotonic() >= self._next
 
     def look(self, conn: psycopg.Connection[Any], timeout: str) -> None:
         """Look once, in a transaction of its own on ``conn`` under ``timeout`` (statement_timeout); tell the lanes."""
         started = time.monotonic()
         self._next = started + FULL_SCAN
-        shown = self.lanes.shown
-        key = tuple(lane for lane, _ in shown)
+        names, shown = self.lanes.shown
+        key = (names, tuple(lane for lane, _ in shown))
         statement = self._statements.get(key)
         if statement is None:
             options = self.options
-            statement = sql.compose(sql.LOOK_BEHIND, [], options.backends, options.queues, lanes=key)
+            statement = sql.compose(sql.LOOK_BEHIND, list(names), options.backends, options.queues, lanes=key[1])
             self._statements = {key: statement}  # the lanes change rarely: keep the latest
         floors = "{" + ",".join(f'"{floor.isoformat()}"' for _, floor in shown) + "}"
         with conn.transaction(), conn.cursor() as cursor:

@@ -1,3 +1,5 @@
+import os
+
 from axa_django import background_job
 from benchmarks.measure import record as write
 
@@ -11,3 +13,12 @@ def noop() -> None:
 def record(i: int) -> None:
     """Appends its id and times to BENCH_RECORD: the benchmark's drain and pickup runs time these."""
     write(i)
+
+
+def _spread() -> None:
+    """Do nothing, under one of BENCH_SPREAD_NAMES names (benchmarks/spread.py)."""
+
+
+# benchmarks/spread.py's workers serve this many more no-op names: bench.spread0, bench.spread1, ...
+for _i in range(int(os.environ.get("BENCH_SPREAD_NAMES", "0"))):
+    background_job(name=f"bench.spread{_i}")(_spread)

@@ -1,0 +1,137 @@
+"""The plain claim's one walk over every name (issue 46): it locks only the rows it takes.
+
+Each name used to be walked apart, every walk locking up to the claim's LIMIT before the
+best were kept: a claim of 64 rows over 1,000 names locked 63,968. Here: what the walk
+locks, in which order it takes rows across names, priorities and backends, and what it
+does beside another claim holding rows (two connections, the first one's transaction
+held open while the second claims).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from axa_django import sql
+from axa_django.worker import connect
+from tests.conftest import AXA_APPS
+from tests.test_scale_claim import NAME, Claimer, enqueue
+
+pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
+
+
+def insert(conn: psycopg.Connection, name: str, priority: int, age: str, backend: str | None = None) -> uuid.UUID:
+    """One ready row of ``name``, ``age`` old (its run_at), written as SQL."""
+    (job_id,) = conn.execute(
+        "INSERT INTO axa_queue (id, name, args, priority, run_at, backend) "
+        "VALUES (gen_random_uuid(), %s, '{}', %s, now() - %s::interval, %s) RETURNING id",
+        [name, priority, age, backend],
+    ).fetchone()
+    return job_id
+
+
+def claim(conn: psycopg.Connection, names: list[str], limit: int, backends: list[str] | None = None) -> list[Any]:
+    """The ids the worker's plain claim (a first claim: every lane from its start) takes, in the order it walked."""
+    statement = sql.compose(sql.CLAIM, names, backends or [], None)
+    rows = conn.execute(statement, {"worker": uuid.uuid4(), "limit": limit, "ahead": False}).fetchall()
+    # RETURNING comes in no order: the worker sorts by priority, then run_at (claimer.py).
+    rows.sort(key=lambda row: row[8])
+    rows.sort(key=lambda row: row[7], reverse=True)
+    return [row[0] for row in rows]
+
+
+def locked(plan: dict[str, Any]) -> int:
+    """Rows the LockRows nodes of an EXPLAIN (FORMAT JSON) plan returned, over all their loops."""
+    own = plan.get("Actual Rows", 0) * plan.get("Actual Loops", 1) if plan.get("Node Type") == "LockRows" else 0
+    return own + sum(locked(child) for child in plan.get("Plans", []))
+
+
+@pytest.mark.parametrize("queues", [None, ["default"]])
+def test_a_claim_over_a_thousand_names_locks_only_the_rows_it_takes(queues: list[str] | None) -> None:
+    names = [f"spread.job{i}" for i in range(1000)]
+    with connect("default", "test claimer") as conn:
+        conn.autocommit = True
+        conn.execute(
+            "INSERT INTO axa_queue (id, name, args) SELECT gen_random_uuid(), 'spread.job' || (g % 1000), '{}' "
+            "FROM generate_series(0, 19999) g"
+        )
+        conn.execute("ANALYZE axa_queue")
+        statement = sql.compose(sql.CLAIM_LANES, names, [], queues, lanes=[0])
+        floors = "{NULL,-infinity,NULL}"  # the gap above priority 0, its lane, the gap below
+        with conn.transaction(force_rollback=True):
+            (plan,) = conn.execute(
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + statement,
+                {"worker": uuid.uuid4(), "limit": 64, "ahead": False, "floors": floors},
+            ).fetchone()
+    # Before: 20 rows of each of the 1,000 names locked (up to the LIMIT each), 64 kept.
+    assert locked(plan[0]["Plan"]) == 64, json.dumps(plan)[:3000]
+
+
+def test_the_walk_takes_the_best_rows_across_names_priorities_and_backends() -> None:
+    with connect("default", "test claimer") as conn:
+        conn.autocommit = True
+        rows = {
+            "a old": insert(conn, "a", 0, "3 hours"),
+            "b older": insert(conn, "b", 0, "4 hours"),
+            "a high": insert(conn, "a", 5, "1 minute"),
+            "task high": insert(conn, "some.task", 5, "2 minutes", backend="default"),
+            "c low": insert(conn, "c", -5, "9 hours"),
+            "b new": insert(conn, "b", 0, "1 minute"),
+            "not served": insert(conn, "z", 9, "10 hours"),
+            "other backend": insert(conn, "some.task", 9, "10 hours", backend="other"),
+        }
+        order = ["task high", "a high", "b older", "a old", "b new", "c low"]
+        assert claim(conn, ["a", "b", "c"], 4, backends=["default"]) == [rows[key] for key in order[:4]]
+        assert claim(conn, ["a", "b", "c"], 4, backends=["default"]) == [rows[key] for key in order[4:]]
+        (left,) = conn.execute("SELECT count(*) FROM axa_queue WHERE status = 'queued'").fetchone()
+        assert left == 2  # the rows of a name and a backend alias this worker does not serve
+
+
+def test_a_claim_beside_one_holding_the_first_rows_takes_the_next_without_waiting() -> None:
+    with connect("default", "holder") as holder, connect("default", "claimer") as other:
+        holder.autocommit = other.autocommit = True
+        ids = [insert(holder, "a" if i % 2 else "b", 0, f"{20 - i} minutes") for i in range(10)]
+        other.execute("SET lock_timeout = '1s'")  # a wait on a row lock would fail it
+        with holder.transaction(force_rollback=True):
+            assert claim(holder, ["a", "b"], 3) == ids[:3]
+            # The holder's transaction is open and holds rows 1-3: the next best are taken.
+            with other.transaction(force_rollback=True):
+                assert claim(other, ["a", "b"], 4) == ids[3:7]
+        # Both rolled back: the first rows are there to take again, best first.
+        assert claim(other, ["a", "b"], 10) == ids
+
+
+def test_a_claim_passes_over_the_rows_of_names_it_does_not_serve_without_locking_them() -> None:
+    with connect("default", "a worker") as a_worker, connect("default", "b worker") as b_worker:
+        a_worker.autocommit = b_worker.autocommit = True
+        theirs = [insert(a_worker, "b", 0, f"{60 - i} minutes") for i in range(5)]  # older than a's
+        ours = [insert(a_worker, "a", 0, f"{10 - i} minutes") for i in range(5)]
+        b_worker.execute("SET lock_timeout = '1s'")
+        with a_worker.transaction(force_rollback=True):
+            assert claim(a_worker, ["a"], 10) == ours
+            # Locked by the walk that passed them over, b's rows would be skipped here (SKIP LOCKED).
+            with b_worker.transaction(force_rollback=True):
+                assert claim(b_worker, ["b"], 10) == theirs
+
+
+def test_a_lane_never_walks_the_rows_due_later_in_its_priority() -> None:
+    with connect("default", "test claimer") as conn:
+        conn.autocommit = True
+        conn.execute(
+            "INSERT INTO axa_queue (id, name, args, run_at) SELECT gen_random_uuid(), %s, '{}', "
+            "now() + interval '1 day' FROM generate_series(1, 20000)",
+            [NAME],
+        )
+        enqueue(conn, 40)
+        conn.execute("ANALYZE axa_queue")
+        claimer = Claimer(conn, [NAME])
+        claimer.finish(claimer.claim(limit=10))
+        claimer.wait_bounded()
+        assert claimer.statement()[2], "priority 0 walked from its floor"
+        # Up to the ready rows and no further: not the 20,000 entries of the rows due tomorrow.
+        assert claimer.buffers() < 400
+        assert len(claimer.claim(limit=100)) == 30
