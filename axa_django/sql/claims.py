@@ -106,8 +106,10 @@ SERVES = "((backend IS NULL AND name = ANY({names}::text[])) OR backend = ANY({b
 # found at once. A segment fills only one of the two branches (the other's keys are
 # NULL, which no index entry matches). No ORDER BY above the walk: a Nested Loop hands on
 # rows as the segments yield them, in order, and the LIMIT stops the walk (and its
-# locking) at the rows taken. {most} bounds each branch for the planner (a LIMIT it
-# cannot see planned the walk as a Sort of the whole segment: pg15-claim-spread.txt).
+# locking) at the rows taken. Each branch has the claim's LIMIT too, for the planner: it
+# cannot see a segment's bounds and guesses a few hundred rows in each, and a LIMIT above
+# that (the most a worker ever asks for, 2,052 at the defaults) planned each segment as a
+# Bitmap Heap Scan and a Sort of all its ready rows (40,000 rows, 50 ms a claim).
 # The lane branch's floor and now() bound run_at both ways under priority's equality, so
 # rows due later in that priority are never walked. %(floors)s has one floor per segment
 # (NULL for a gap).
@@ -121,7 +123,7 @@ _SEGMENT_WALK = """
             WHERE status BETWEEN 'queued' AND 'queued' AND priority = s.exact AND run_at >= s.floor
               AND run_at <= now() AND {serves} {queue}
             ORDER BY priority DESC, run_at
-            LIMIT {most}
+            LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED
         ) AS lane
         UNION ALL
@@ -130,7 +132,7 @@ _SEGMENT_WALK = """
             WHERE status BETWEEN 'queued' AND 'queued' AND priority > s.above AND priority < s.below
               AND run_at <= now() AND {serves} {queue}
             ORDER BY priority DESC, run_at
-            LIMIT {most}
+            LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED
         ) AS gap
     ) AS c"""
@@ -182,8 +184,6 @@ HELD_ANY = (
 
 _SLOT = re.compile(r"\{(names|backends|queue_\d+|queues|limited|lane_priorities|seg_\w+)\}")
 _NO_PRIORITY_ABOVE, _NO_PRIORITY_BELOW = -(2**31) - 1, 2**31
-# Rows one branch of a segment may yield when the caller does not say (compose's ``most``).
-MOST = 1000
 
 
 def segments(lanes: Sequence[int]) -> list[tuple[int | None, int | None, int | None]]:
@@ -199,18 +199,18 @@ def segments(lanes: Sequence[int]) -> list[tuple[int | None, int | None, int | N
     return found
 
 
-def _filled(template: str, filters: list[str], most: int) -> list[str]:
+def _filled(template: str, filters: list[str]) -> list[str]:
     """``template`` under each queue filter."""
-    return [template.replace("{queue}", f).replace("{serves}", SERVES).replace("{most}", str(most)) for f in filters]
+    return [template.replace("{queue}", f).replace("{serves}", SERVES) for f in filters]
 
 
-def _walks(template: str, filters: list[str], most: int) -> tuple[str, str]:
+def _walks(template: str, filters: list[str]) -> tuple[str, str]:
     """The walks of ``template`` under each queue filter, and the ORDER BY that merges several."""
-    walks = _filled(template, filters, most)
+    walks = _filled(template, filters)
     if len(walks) == 1:
         return walks[0], ""  # in order on its own
     # Several (a worker of some queues) are sorted together: each stops at the LIMIT on its own,
-    # or the Sort would pull (and lock) every row of every segment up to {most}.
+    # or the Sort would pull (and lock) every row of every segment up to the LIMIT.
     legs = [f"SELECT * FROM ({walk}\n    LIMIT %(limit)s) AS w{index}" for index, walk in enumerate(walks)]
     return "\n    UNION ALL\n    ".join(legs), "\n    ORDER BY c.priority DESC, c.run_at"
 
@@ -222,16 +222,15 @@ def compose(
     queues: list[str] | None,
     limited: list[str] | None = None,
     lanes: Sequence[int] = (),
-    most: int = MOST,
 ) -> str:
     """``template`` with the worker's fixed names, backends and queues written in as literals.
 
     A --queue worker walks each of its queues apart, its name written in, so that the
     planner sees how few rows that queue holds and takes the per-queue index. ``lanes``:
-    the priorities the lane walk and the look take floors for (worker/lanes.py);
-    ``most``: the most rows a claim asks for. One pass over the text: a value is never
-    scanned again, so a name such as ``%(queues)s`` or ``{names}`` stays data. ``%`` is
-    doubled so that psycopg leaves it alone while binding the statement's own parameters.
+    the priorities the lane walk and the look take floors for (worker/lanes.py). One pass
+    over the text: a value is never scanned again, so a name such as ``%(queues)s`` or
+    ``{names}`` stays data. ``%`` is doubled so that psycopg leaves it alone while binding
+    the statement's own parameters.
     """
     values: dict[str, Any] = {"names": names, "backends": backends, "queues": queues or [], "limited": limited or []}
     filters = [HELD_ANY]
@@ -248,12 +247,12 @@ def compose(
                 seg_below=[b for _, _, b in found],
                 seg_floors=[None] * len(found),
             )
-            walks, order = _walks(walk, filters, most)
+            walks, order = _walks(walk, filters)
             template = template.replace(slot, walks).replace("{order}", order)
     text = template
     if "{look_walks}" in text:
         values.update(lane_priorities=list(lanes))
-        text = text.replace("{look_walks}", "\n    UNION ALL".join(_filled(_LOOK_WALK, filters, most)))
+        text = text.replace("{look_walks}", "\n    UNION ALL".join(_filled(_LOOK_WALK, filters)))
     text = text.replace("{queue_filter}", "AND queue = ANY({queues}::text[])" if queues else "")
     text = text.replace("{paused}", PAUSED_ANY)
 
