@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import psycopg
@@ -18,6 +19,7 @@ import pytest
 
 from axa_django import sql
 from axa_django.worker import connect
+from axa_django.worker.lookout import Lookout
 from tests.conftest import AXA_APPS
 from tests.test_scale_claim import NAME, Claimer, enqueue
 
@@ -135,3 +137,55 @@ def test_a_lane_never_walks_the_rows_due_later_in_its_priority() -> None:
         # Up to the ready rows and no further: not the 20,000 entries of the rows due tomorrow.
         assert claimer.buffers() < 400
         assert len(claimer.claim(limit=100)) == 30
+
+
+def past(conn: psycopg.Connection, count: int, name: str = NAME, priority: int = 0) -> list[uuid.UUID]:
+    """Ready rows enqueued a second ago: a floor the claims reach is well past them (lanes.MARGIN)."""
+    rows = conn.execute(
+        "INSERT INTO axa_queue (id, name, args, priority, run_at) "
+        "SELECT gen_random_uuid(), %s, '{}', %s, now() - interval '1 second' FROM generate_series(1, %s) RETURNING id",
+        [name, priority, count],
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
+@pytest.mark.parametrize("priority", [0, 10], ids=["same priority", "a priority of their own"])
+def test_ready_rows_of_names_this_worker_does_not_serve_are_read_once_not_at_every_claim(priority: int) -> None:
+    # A --job worker, or rows of a job name no worker runs any more: the walk passes them,
+    # unlocked, and the next claims start past them (review of the one-walk claim: 55-119 ms
+    # a claim beside 300,000 such rows).
+    with connect("default", "test claimer") as conn:
+        conn.autocommit = True
+        past(conn, 10)
+        past(conn, 20000, "other.service.job", priority)  # after this worker's newest row
+        conn.execute("ANALYZE axa_queue")
+        claimer = Claimer(conn, [NAME])
+        claimer.finish(claimer.claim(limit=100))  # all 10 of the 100 asked: it walked every segment to its end
+        claimer.settle()
+        assert claimer.statement()[2], "walked from floors"
+        assert claimer.buffers() < 60, "the claim read the other names' rows again"
+        enqueue(conn, 3)
+        assert len(claimer.claim(limit=100)) == 3
+
+
+def test_a_row_passed_over_while_locked_is_found_by_the_look_once_released() -> None:
+    with (
+        connect("default", "test claimer") as conn,
+        connect("default", "holder") as holder,
+        connect("default", "heartbeat") as beat,
+    ):
+        conn.autocommit = holder.autocommit = True
+        enqueue(conn, 5)
+        claimer = Claimer(conn, [NAME])
+        claimer.finish(claimer.claim(limit=100))
+        (locked_id,) = past(conn, 1)
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1 FROM axa_queue WHERE id = %s FOR UPDATE", [locked_id])  # a user's lock
+        assert claimer.claim(limit=100) == []  # passed over: SKIP LOCKED
+        holder.execute("ROLLBACK")
+        claimer.settle()
+        assert claimer.statement()[2] and claimer.claim(limit=100) == []  # behind the floor now
+        lookout = Lookout(SimpleNamespace(backends=[], queues=None), claimer.lanes, interval=10.0)
+        assert lookout.due()
+        lookout.look(beat, "10s")
+        assert [row[0] for row in claimer.claim(limit=100)] == [locked_id]

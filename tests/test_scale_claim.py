@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from axa_django import Job, dependencies, sql
 from axa_django.worker import Worker, connect
-from axa_django.worker.lanes import MARGIN, MAX_LANES, Lanes
+from axa_django.worker.lanes import MARGIN, MAX_LANES, Lanes, literal
 from axa_django.worker.lookout import Lookout
 from tests.conftest import AXA_APPS, wait_for
 from tests.testapp import jobs
@@ -66,7 +66,7 @@ class Claimer:
         rows = self.conn.execute(text, params).fetchall()
         claimed = [row[:12] for row in rows if row[0] is not None]
         snap = next(row[12:] for row in rows if row[0] is None)
-        self.lanes.learn(claimed, snap, full=not bounded)
+        self.lanes.learn(claimed, snap, full=not bounded, exhausted=len(claimed) < limit)
         return claimed
 
     def wait_bounded(self) -> None:
@@ -267,8 +267,8 @@ def walks_use_claim_indexes(plan: str) -> None:
 
 
 def segment_floors(lanes: list[int], floor: str = "2000-01-01T00:00:00+00:00") -> str:
-    """%(floors)s for the lane walk over ``lanes``: ``floor`` for each lane, NULL for each gap."""
-    return "{" + ",".join("NULL" if lane is None else f'"{floor}"' for lane, _, _ in sql.segments(lanes)) + "}"
+    """%(floors)s for the lane walk over ``lanes``: ``floor`` for each lane, -infinity for each gap."""
+    return "{" + ",".join("-infinity" if lane is None else f'"{floor}"' for lane, _, _ in sql.segments(lanes)) + "}"
 
 
 STATES = ["empty", "history", "skewed"]
@@ -418,8 +418,8 @@ def test_the_floors_hold_for_the_names_they_were_learnt_for_and_a_claim_for_othe
     )
     key = lanes.key()
     assert key == (5, 0) and lanes.bounded()
-    # One floor per segment of the walk, highest priority first; NULL for each gap.
-    assert lanes.floors(key) == '{NULL,"' + late.isoformat() + '",NULL,"' + early.isoformat() + '",NULL}'
+    # One floor per segment of the walk, highest priority first; each gap from its start.
+    assert lanes.floors(key) == '{-infinity,"' + late.isoformat() + '",-infinity,"' + early.isoformat() + '",-infinity}'
     lanes.serve(["a", "b"])
     assert lanes.bounded()
     lanes.serve(["b"])  # a's rows were never walked for b alone: nothing learnt holds
@@ -433,7 +433,7 @@ def test_a_look_after_a_full_walk_was_asked_for_keeps_the_claims_on_their_floors
     now = datetime.datetime.now(datetime.UTC)
     at = now + MARGIN + datetime.timedelta(seconds=1)
     lanes.learn([(None, NAME, None, 1, None, None, False, 0, naive(now))], (1, 1, at), full=True)
-    assert lanes.bounded() and lanes.shown == ((NAME,), ((0, now),))
+    assert lanes.bounded() and lanes.shown == ((NAME,), (0,), (None, now, None))
     started = time.monotonic()
     lanes.forget()  # a full walk asked for (an error, a new connection) after that look began
     lanes.looked(None, started, 60.0)
@@ -472,9 +472,8 @@ def test_a_row_behind_the_floors_is_found_by_the_look_while_the_claims_walk_from
         fronts = dict(claimer.lanes.fronts)
         assert claimer.lanes.bounded() and claimer.lanes.fronts == fronts
         # The look walks each lane's claim index up to its floor, like the claims, as a generic plan.
-        names, shown = claimer.lanes.shown
-        key = tuple(lane for lane, _ in shown)
-        floors = "{" + ",".join(f'"{floor.isoformat()}"' for _, floor in shown) + "}"
+        names, key, shown = claimer.lanes.shown
+        floors = literal(shown)
         beat.execute("SET plan_cache_mode = force_generic_plan")
         text = sql.compose(sql.LOOK_BEHIND, list(names), [], None, lanes=key)
         plan = "\n".join(row[0] for row in beat.execute("EXPLAIN " + text, {"floors": floors}))

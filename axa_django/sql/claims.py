@@ -99,20 +99,21 @@ CLAIM_LANES = _SNAPPED.replace("{claim}", CLAIM.replace("{walks}", "{lane_walks}
 SERVES = "((backend IS NULL AND name = ANY({names}::text[])) OR backend = ANY({backends}::text[])) IS TRUE"
 
 # The walk, segment by segment in the order of the unnest (priorities highest first), each
-# segment's rows oldest first (axa_queue_claim_all): a lane is one priority walked from a
-# floor (worker/lanes.py), so that rows whose claims left dead index entries behind the
-# floor are never walked, however old the oldest snapshot is; a gap is the priorities
-# between lanes (or all of them), walked from their start, so a priority not seen yet is
-# found at once. A segment fills only one of the two branches (the other's keys are
-# NULL, which no index entry matches). No ORDER BY above the walk: a Nested Loop hands on
-# rows as the segments yield them, in order, and the LIMIT stops the walk (and its
-# locking) at the rows taken. Each branch has the claim's LIMIT too, for the planner: it
-# cannot see a segment's bounds and guesses a few hundred rows in each, and a LIMIT above
-# that (the most a worker ever asks for, 2,052 at the defaults) planned each segment as a
-# Bitmap Heap Scan and a Sort of all its ready rows (40,000 rows, 50 ms a claim).
-# The lane branch's floor and now() bound run_at both ways under priority's equality, so
-# rows due later in that priority are never walked. %(floors)s has one floor per segment
-# (NULL for a gap).
+# segment's rows oldest first (axa_queue_claim_all), each from its floor (worker/lanes.py):
+# rows whose claims left dead index entries behind a floor are never walked, however old
+# the oldest snapshot is, and ready rows of names this worker does not serve are read once
+# as the walk passes them, not at every claim. A lane is one priority: its floor and now()
+# bound run_at both ways under priority's equality, so the walk starts at its floor and
+# never reaches the rows due later in that priority. A gap is the priorities between lanes
+# (or all of them), so a priority not seen yet is found at once; its floor is tested on the
+# index entries, before any row is read. A segment fills only one of the two branches (the
+# other's keys are NULL, which no index entry matches). No ORDER BY above the walk: a
+# Nested Loop hands on rows as the segments yield them, in order, and the LIMIT stops the
+# walk (and its locking) at the rows taken. Each branch has the claim's LIMIT too, for the
+# planner: it cannot see a segment's bounds and guesses a few hundred rows in each, and a
+# LIMIT above that (the most a worker ever asks for, 2,052 at the defaults) planned each
+# segment as a Bitmap Heap Scan and a Sort of all its ready rows (40,000 rows, 50 ms a
+# claim). %(floors)s has one floor per segment ('-infinity': from its start).
 _SEGMENT_WALK = """
     SELECT c.ctid, c.priority, c.run_at
     FROM unnest({seg_exact}::int[], {seg_above}::int8[], {seg_below}::int8[], {floors}::timestamptz[])
@@ -130,27 +131,40 @@ _SEGMENT_WALK = """
         SELECT * FROM (
             SELECT ctid, priority, run_at FROM ONLY axa_queue
             WHERE status BETWEEN 'queued' AND 'queued' AND priority > s.above AND priority < s.below
-              AND run_at <= now() AND {serves} {queue}
+              AND run_at >= s.floor AND run_at <= now() AND {serves} {queue}
             ORDER BY priority DESC, run_at
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED
         ) AS gap
     ) AS c"""
 
-# The look behind the floors (worker/lookout.py): the oldest ready row of any known lane
-# below its floor, under the claim's own filters, or NULL. It reads what the lanes' walk
-# never does (the dead entries a held snapshot keeps below the floors), so it runs on
-# another connection than the claims, which keep walking from their floors meanwhile.
-# No FOR UPDATE: a row another worker is claiming right now only lowers a floor in vain.
+# The look behind the floors (worker/lookout.py): the oldest ready row of any segment
+# below its floor, under the claim's own filters, or NULL. It reads what the walk never
+# does (the dead entries a held snapshot keeps below the floors, the rows of other names
+# the claims passed), so it runs on another connection than the claims, which keep
+# walking from their floors meanwhile. No FOR UPDATE: a row another worker is claiming
+# right now only lowers a floor in vain. In a gap it finds the best priority's oldest (in
+# index order, no Sort); an older row of a lower priority there is found by the next look.
 _LOOK_WALK = """
     SELECT c.run_at
-    FROM unnest({lane_priorities}::int[], %(floors)s::timestamptz[]) AS l(priority, floor)
+    FROM unnest({seg_exact}::int[], {seg_above}::int8[], {seg_below}::int8[], %(floors)s::timestamptz[])
+        AS s(exact, above, below, floor)
     CROSS JOIN LATERAL (
-        SELECT run_at FROM ONLY axa_queue
-        WHERE status BETWEEN 'queued' AND 'queued' AND priority = l.priority
-          AND run_at < l.floor AND run_at <= now() AND {serves} {queue}
-        ORDER BY priority DESC, run_at
-        LIMIT 1
+        SELECT * FROM (
+            SELECT run_at FROM ONLY axa_queue
+            WHERE status BETWEEN 'queued' AND 'queued' AND priority = s.exact AND run_at < s.floor
+              AND run_at <= now() AND {serves} {queue}
+            ORDER BY priority DESC, run_at
+            LIMIT 1
+        ) AS lane
+        UNION ALL
+        SELECT * FROM (
+            SELECT run_at FROM ONLY axa_queue
+            WHERE status BETWEEN 'queued' AND 'queued' AND priority > s.above AND priority < s.below
+              AND run_at < s.floor AND run_at <= now() AND {serves} {queue}
+            ORDER BY priority DESC, run_at
+            LIMIT 1
+        ) AS gap
     ) AS c"""
 LOOK_BEHIND = "SELECT min(run_at) FROM ({look_walks}) AS behind"
 
@@ -182,7 +196,7 @@ HELD_ANY = (
     "UNION ALL SELECT l.queue FROM axa_queue_limit l)), true)"
 )
 
-_SLOT = re.compile(r"\{(names|backends|queue_\d+|queues|limited|lane_priorities|seg_\w+)\}")
+_SLOT = re.compile(r"\{(names|backends|queue_\d+|queues|limited|seg_\w+)\}")
 _NO_PRIORITY_ABOVE, _NO_PRIORITY_BELOW = -(2**31) - 1, 2**31
 
 
@@ -197,6 +211,14 @@ def segments(lanes: Sequence[int]) -> list[tuple[int | None, int | None, int | N
         if below - above > 1:
             found.append((None, above, below))
     return found
+
+
+def _segment_values(found: list[tuple[int | None, int | None, int | None]]) -> dict[str, list[int | None]]:
+    return {
+        "seg_exact": [exact for exact, _, _ in found],
+        "seg_above": [above for _, above, _ in found],
+        "seg_below": [below for _, _, below in found],
+    }
 
 
 def _filled(template: str, filters: list[str]) -> list[str]:
@@ -241,17 +263,12 @@ def compose(
         if slot in template:
             found = segments(seg_lanes)
             walk = _SEGMENT_WALK.replace("{floors}", floors or "{seg_floors}")
-            values.update(
-                seg_exact=[e for e, _, _ in found],
-                seg_above=[a for _, a, _ in found],
-                seg_below=[b for _, _, b in found],
-                seg_floors=[None] * len(found),
-            )
+            values.update(_segment_values(found), seg_floors=["-infinity"] * len(found))
             walks, order = _walks(walk, filters)
             template = template.replace(slot, walks).replace("{order}", order)
     text = template
     if "{look_walks}" in text:
-        values.update(lane_priorities=list(lanes))
+        values.update(_segment_values(segments(lanes)))
         text = text.replace("{look_walks}", "\n    UNION ALL".join(_filled(_LOOK_WALK, filters)))
     text = text.replace("{queue_filter}", "AND queue = ANY({queues}::text[])" if queues else "")
     text = text.replace("{paused}", PAUSED_ANY)

@@ -171,7 +171,7 @@ class Claimer:
         claimed = [row[:12] for row in rows if row[0] is not None]
         snap = next((row[12:] for row in rows if row[0] is None), None)
         if snap is not None:
-            lanes.learn(claimed, snap, full=not bounded)
+            lanes.learn(claimed, snap, full=not bounded, exhausted=len(claimed) < limit)
         return claimed
 
     def _claim_queues(self, names: list[str], limit: int) -> list[tuple[Any, ...]] | None:

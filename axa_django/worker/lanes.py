@@ -63,6 +63,10 @@ class Lanes:
         self.full_scan = FULL_SCAN if notified else FULL_SCAN_UNNOTIFIED
         self.fronts: dict[int, datetime.datetime] = {}  # by priority
         self._served: tuple[str, ...] | None = None
+        # The time of the last claim that walked every segment to its end (it took fewer
+        # rows than it asked for): each segment is walked from there at least, so that
+        # ready rows of names this worker does not serve are read once, not at every claim.
+        self._swept: datetime.datetime | None = None
         # Times handed over by other threads (the listener, the look): applied by the dispatcher.
         # A pair: a look's start and the time it covers the floors until (monotonic seconds).
         self._lowered: queue.SimpleQueue[datetime.datetime | tuple[float, float] | None] = queue.SimpleQueue()
@@ -72,9 +76,9 @@ class Lanes:
         self._next_full = 0.0
         self._looked_until = 0.0  # a look covered the lanes' floors until this (monotonic)
         self._forced_at = 0.0  # when a walk in full was last asked for (monotonic)
-        # The known lanes' floors for the look on another thread, with the names they hold
-        # for: replaced whole, never changed.
-        self.shown: tuple[tuple[str, ...], tuple[tuple[int, datetime.datetime], ...]] = ((), ())
+        # For the look on another thread: the names the floors hold for, the lanes, and the
+        # floor of each segment of their walk (None: from its start). Replaced whole, never changed.
+        self.shown: tuple[tuple[str, ...], tuple[int, ...], tuple[datetime.datetime | None, ...]] = ((), (), ())
 
     def serve(self, names: Sequence[str]) -> None:
         """Claim for ``names`` from now on: floors learnt for other names start again from nothing."""
@@ -82,7 +86,8 @@ class Lanes:
         if served != self._served:
             if self._served is not None:
                 self.fronts.clear()
-                self.shown = ((), ())
+                self._swept = None
+                self.shown = ((), (), ())
             self._served = served
 
     def bounded(self) -> bool:
@@ -92,6 +97,7 @@ class Lanes:
             if when is None:
                 self._next_full = self._looked_until = 0.0
                 self._forced_at = time.monotonic()
+                self._swept = None
                 continue
             if isinstance(when, tuple):
                 # A look covered the floors it was shown, as of its start; not a full
@@ -103,26 +109,33 @@ class Lanes:
             for lane, front in self.fronts.items():
                 if front > when:
                     self.fronts[lane] = when
+            if self._swept is not None and self._swept > when:
+                self._swept = when
         now = time.monotonic()
-        return self._cap is not None and bool(self.fronts) and (now < self._next_full or now < self._looked_until)
+        known = bool(self.fronts) or self._swept is not None
+        return self._cap is not None and known and (now < self._next_full or now < self._looked_until)
 
     def key(self) -> tuple[int, ...]:
         """The known lanes' priorities, highest first: compose them and ``floors()`` alike."""
         return tuple(sorted(self.fronts, reverse=True))
 
+    def _segment_floors(self, key: Sequence[int], cap: datetime.datetime) -> tuple[datetime.datetime | None, ...]:
+        """The floor of each segment of the walk over ``key``'s lanes (sql.segments); None: from its start."""
+        swept = self._swept
+        found: list[datetime.datetime | None] = []
+        for lane, _, _ in segments(key):
+            if lane is None:
+                found.append(None if swept is None else min(swept, cap))
+            else:
+                front = self.fronts[lane]
+                found.append(min(front if swept is None else max(front, swept), cap))
+        return tuple(found)
+
     def floors(self, key: Sequence[int]) -> str:
-        """The floor of each segment of the walk over ``key``'s lanes (sql.segments), NULL for a gap,
-        as a PostgreSQL array literal of timestamptz."""
+        """The floor of each segment of the walk over ``key``'s lanes, as a PostgreSQL array literal of timestamptz."""
         cap = self._cap
         assert cap is not None
-        return (
-            "{"
-            + ",".join(
-                "NULL" if lane is None else f'"{min(self.fronts[lane], cap).isoformat()}"'
-                for lane, _, _ in segments(key)
-            )
-            + "}"
-        )
+        return literal(self._segment_floors(key, cap))
 
     def learn(
         self,
@@ -130,10 +143,17 @@ class Lanes:
         snap: Sequence[Any],
         *,
         full: bool,
+        exhausted: bool = False,
     ) -> None:
         """Record a claim: the rows it took (priority at 7, run_at at 8, in UTC without a
-        zone) and its snapshot (oldest running transaction id, next id, time)."""
+        zone) and its snapshot (oldest running transaction id, next id, time); ``exhausted``:
+        it took fewer rows than it asked for, so it walked every segment to its end."""
         xmin, xmax, at = snap
+        if exhausted:
+            # Rows of this worker's names it passed over are held by other claims (SKIP
+            # LOCKED: theirs once they commit), or by a writer whose lock ends later: the
+            # look finds those behind the floors.
+            self._swept = at
         # A run_at equal to the claim's own time is not where the walk stood: the claim
         # moved the row up from before year 1 (sql.RUN_AT). Taken as a front, it put
         # every row still queued in that lane behind the floor.
@@ -169,8 +189,8 @@ class Lanes:
         # over (SKIP LOCKED), so the fronts stay at the rows this worker took.
         self._cap = cap = self._at[found] - MARGIN
         del self._xmax[:found], self._at[:found]
-        floors = tuple((lane, min(front, cap)) for lane, front in sorted(self.fronts.items(), reverse=True))
-        self.shown = (self._served or (), floors)
+        key = self.key()
+        self.shown = (self._served or (), key, self._segment_floors(key, cap))
 
     def lower(self, when: datetime.datetime | None) -> None:
         """Rows with ``run_at`` from ``when`` on became ready (None: any time): walk from there (any thread)."""
@@ -204,3 +224,8 @@ class Lanes:
         """Walk every lane in full at the next claim (a new connection, an error)."""
         self._next_full = self._looked_until = 0.0
         self._forced_at = time.monotonic()
+
+
+def literal(floors: Sequence[datetime.datetime | None]) -> str:
+    """Floors as a PostgreSQL array literal of timestamptz, '-infinity' for None (from the start)."""
+    return "{" + ",".join("-infinity" if floor is None else f'"{floor.isoformat()}"' for floor in floors) + "}"

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 
 from .. import sql
-from .lanes import FULL_SCAN, Lanes
+from .lanes import FULL_SCAN, Lanes, literal
 from .options import Options
 
 logger = logging.getLogger("axa_django")
@@ -37,23 +37,26 @@ class Lookout:
         """Whether a look is due: the lanes show floors, notifications reach the worker, the time has come."""
         # Without notifications the claims walk in full every FULL_SCAN_UNNOTIFIED
         # seconds anyway, more often than a heartbeat could look.
-        return bool(self.lanes.shown[1]) and self.lanes.full_scan >= FULL_SCAN and time.monotonic() >= self._next
+        return (
+            any(floor is not None for floor in self.lanes.shown[2])
+            and self.lanes.full_scan >= FULL_SCAN
+            and time.monotonic() >= self._next
+        )
 
     def look(self, conn: psycopg.Connection[Any], timeout: str) -> None:
         """Look once, in a transaction of its own on ``conn`` under ``timeout`` (statement_timeout); tell the lanes."""
         started = time.monotonic()
         self._next = started + FULL_SCAN
-        names, shown = self.lanes.shown
-        key = (names, tuple(lane for lane, _ in shown))
+        names, lanes, floors = self.lanes.shown
+        key = (names, lanes)
         statement = self._statements.get(key)
         if statement is None:
             options = self.options
             statement = sql.compose(sql.LOOK_BEHIND, list(names), options.backends, options.queues, lanes=key[1])
             self._statements = {key: statement}  # the lanes change rarely: keep the latest
-        floors = "{" + ",".join(f'"{floor.isoformat()}"' for _, floor in shown) + "}"
         with conn.transaction(), conn.cursor() as cursor:
             cursor.execute("SELECT set_config('statement_timeout', %s, true)", [timeout])
-            cursor.execute(statement, {"floors": floors})
+            cursor.execute(statement, {"floors": literal(floors)})
             row = cursor.fetchone()
         when = row[0] if row else None
         if when is not None:
