@@ -17,7 +17,7 @@ LISTED = 50
 # Distinct queues of queued rows looked at, each one index descent.
 MOST_QUEUES = 1000
 
-# The queues of queued rows, by a loose index scan of axa_queue_claim_queue (queued said
+# The queues of queued rows, by a loose index scan of axa_queue_claim_all_queue (queued said
 # as that index says it, models.py; one
 # descent per queue: a SELECT DISTINCT would read every queued row), and the queues
 # an operator paused or limited.

@@ -10,6 +10,7 @@ held open while the second claims).
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from types import SimpleNamespace
 from typing import Any
@@ -189,3 +190,77 @@ def test_a_row_passed_over_while_locked_is_found_by_the_look_once_released() -> 
         assert lookout.due()
         lookout.look(beat, "10s")
         assert [row[0] for row in claimer.claim(limit=100)] == [locked_id]
+
+
+def test_one_look_finds_the_oldest_row_behind_a_gaps_floor_whatever_its_priority() -> None:
+    # A gap's look took the first row of its best priority: older rows of its other
+    # priorities waited a look (30 s) each, and that row held locked hid them (review).
+    with connect("default", "test claimer") as conn, connect("default", "heartbeat") as beat:
+        conn.autocommit = True
+        enqueue(conn, 5)
+        claimer = Claimer(conn, [NAME])
+        claimer.finish(claimer.claim(limit=100))  # priority 0 is a lane; 1 to 5 are a gap
+        claimer.settle()
+        # Behind every floor, unannounced (this claimer hears no notification): the oldest
+        # at priority 1, the newest at priority 5, the gap's best.
+        ids = [
+            conn.execute(
+                "INSERT INTO axa_queue (id, name, args, priority, run_at) VALUES "
+                "(gen_random_uuid(), %s, '{}', %s, now() - make_interval(mins => %s)) RETURNING id",
+                [NAME, priority, 60 - priority],
+            ).fetchone()[0]
+            for priority in range(1, 6)
+        ]
+        assert claimer.statement()[2] and claimer.claim(limit=100) == []
+        Lookout(SimpleNamespace(backends=[], queues=None), claimer.lanes, interval=10.0).look(beat, "10s")
+        assert sorted(row[0] for row in claimer.claim(limit=100)) == sorted(ids)
+
+
+def test_a_row_whose_insert_wrote_late_after_its_statement_began_is_not_left_behind_the_floors() -> None:
+    # Its run_at is the statement's start; its transaction has no id until the first row is
+    # written: the cap does not hold the floors below it, the sweep's lag does.
+    with connect("default", "test claimer") as conn, connect("default", "writer") as writer:
+        conn.autocommit = writer.autocommit = True
+        enqueue(conn, 5)
+        claimer = Claimer(conn, [NAME])
+        claimer.finish(claimer.claim(limit=100))
+        claimer.settle()
+        done = threading.Event()
+
+        def slow_insert() -> None:
+            writer.execute(
+                "INSERT INTO axa_queue (id, name, args) SELECT gen_random_uuid(), %s, '{}' FROM (SELECT pg_sleep(0.3)) s",
+                [NAME],
+            )
+            done.set()
+
+        thread = threading.Thread(target=slow_insert)
+        thread.start()
+        taken: list[Any] = []
+        while not done.is_set():  # claims while the statement runs, each walking to the end
+            assert claimer.statement()[2]
+            taken += claimer.claim(limit=100)
+        thread.join()
+        claimer.wait_bounded()
+        taken += claimer.claim(limit=100)
+        assert len(taken) == 1, "found by a claim from the floors, not left for the look"
+
+
+def test_a_row_due_before_year_one_behind_the_floors_is_claimed_after_the_look() -> None:
+    # Loading '-infinity' failed every look (review): the look now asks for a walk in full.
+    with connect("default", "test claimer") as conn, connect("default", "heartbeat") as beat:
+        conn.autocommit = True
+        enqueue(conn, 5)
+        claimer = Claimer(conn, [NAME])
+        claimer.finish(claimer.claim(limit=100))
+        (later,) = conn.execute(
+            "INSERT INTO axa_queue (id, name, args, run_at) VALUES (gen_random_uuid(), %s, '{}', "
+            "now() + interval '1 day') RETURNING id",
+            [NAME],
+        ).fetchone()
+        conn.execute("UPDATE axa_queue SET run_at = '-infinity' WHERE id = %s", [later])  # no notification
+        claimer.settle()
+        assert claimer.statement()[2] and claimer.claim(limit=100) == []
+        Lookout(SimpleNamespace(backends=[], queues=None), claimer.lanes, interval=10.0).look(beat, "10s")
+        assert not claimer.statement()[2], "a walk in full next"
+        assert [row[0] for row in claimer.claim(limit=100)] == [later]

@@ -143,8 +143,10 @@ _SEGMENT_WALK = """
 # does (the dead entries a held snapshot keeps below the floors, the rows of other names
 # the claims passed), so it runs on another connection than the claims, which keep
 # walking from their floors meanwhile. No FOR UPDATE: a row another worker is claiming
-# right now only lowers a floor in vain. In a gap it finds the best priority's oldest (in
-# index order, no Sort); an older row of a lower priority there is found by the next look.
+# right now only lowers a floor in vain. A gap's oldest row is its rows' min(): the first
+# row of its best priority behind the floor let older rows of its other priorities wait a
+# look each, and one of them held locked hid them all (review). As seconds since the
+# epoch: '-infinity' or a time before year 1, which Python cannot load, failed every look.
 _LOOK_WALK = """
     SELECT c.run_at
     FROM unnest({seg_exact}::int[], {seg_above}::int8[], {seg_below}::int8[], %(floors)s::timestamptz[])
@@ -158,15 +160,11 @@ _LOOK_WALK = """
             LIMIT 1
         ) AS lane
         UNION ALL
-        SELECT * FROM (
-            SELECT run_at FROM ONLY axa_queue
-            WHERE status BETWEEN 'queued' AND 'queued' AND priority > s.above AND priority < s.below
-              AND run_at < s.floor AND run_at <= now() AND {serves} {queue}
-            ORDER BY priority DESC, run_at
-            LIMIT 1
-        ) AS gap
+        SELECT min(run_at) FROM ONLY axa_queue
+        WHERE status BETWEEN 'queued' AND 'queued' AND priority > s.above AND priority < s.below
+          AND run_at < s.floor AND run_at <= now() AND {serves} {queue}
     ) AS c"""
-LOOK_BEHIND = "SELECT min(run_at) FROM ({look_walks}) AS behind"
+LOOK_BEHIND = "SELECT extract(epoch FROM min(run_at))::float8 FROM ({look_walks}) AS behind"
 
 # Seconds until the earliest future job this worker could run, or NULL; capped at a
 # day so that a row with run_at = 'infinity' cannot make an infinite wait.

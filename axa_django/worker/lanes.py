@@ -43,6 +43,10 @@ from ..sql import segments
 
 # Seconds a statement may run before its first write gives its transaction an id.
 MARGIN = datetime.timedelta(milliseconds=50)
+# How far behind a claim's time that walked every segment to its end the floors stop: rows
+# of other names newer than this are read again by each claim, and a statement that wrote
+# its first row later than this after it began waits for the look.
+SWEPT_LAG = datetime.timedelta(seconds=1)
 # Seconds between claims that walk every lane from its start. Such a walk reads every
 # dead entry a held snapshot keeps (0.1 s and more after minutes of load), so it is rare
 # while notifications announce the rows that become ready behind the floors; without
@@ -152,8 +156,9 @@ class Lanes:
         if exhausted:
             # Rows of this worker's names it passed over are held by other claims (SKIP
             # LOCKED: theirs once they commit), or by a writer whose lock ends later: the
-            # look finds those behind the floors.
-            self._swept = at
+            # look finds those behind the floors. SWEPT_LAG: an INSERT ... SELECT that writes
+            # its first row a while after its statement began (its run_at) is not behind.
+            self._swept = at - SWEPT_LAG
         # A run_at equal to the claim's own time is not where the walk stood: the claim
         # moved the row up from before year 1 (sql.RUN_AT). Taken as a front, it put
         # every row still queued in that lane behind the floor.

@@ -10,6 +10,7 @@ the dispatcher where to walk from; the claims keep walking from their floors mea
 
 from __future__ import annotations
 
+import datetime
 import logging
 import time
 from typing import Any
@@ -21,6 +22,8 @@ from .lanes import FULL_SCAN, Lanes, literal
 from .options import Options
 
 logger = logging.getLogger("axa_django")
+# Seconds since the epoch of 0001-01-01 and 10000-01-01 UTC: the times Python can hold.
+YEAR_1, YEAR_10000 = -62135596800.0, 253402300800.0
 
 
 class Lookout:
@@ -58,7 +61,12 @@ class Lookout:
             cursor.execute("SELECT set_config('statement_timeout', %s, true)", [timeout])
             cursor.execute(statement, {"floors": literal(floors)})
             row = cursor.fetchone()
-        when = row[0] if row else None
-        if when is not None:
-            logger.debug("ready rows behind the lanes' floors, from %s: the claims walk from there", when)
+        seconds = row[0] if row else None
+        when = None
+        if seconds is not None:
+            if not YEAR_1 <= seconds < YEAR_10000:  # '-infinity', a date BC: a walk in full claims it
+                self.lanes.lower(None)
+            else:
+                when = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+            logger.debug("ready rows behind the lanes' floors, from %s: the claims walk from there", when or seconds)
         self.lanes.looked(when, started, self.valid)
