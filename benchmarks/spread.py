@@ -9,8 +9,9 @@ INSERT, as a bulk enqueue writes them) and times ``runworker`` (with --worker-ar
 the first job's start to the last one's end (their rows' times; --burst: it stops once
 none is left), every worker process serving
 the same 1,000 registered names (BENCH_SPREAD_NAMES) whatever the shape, and samples the
-PostgreSQL server's CPU (its processes' user + system time) over the drain. Rounds run the
-shapes interleaved; each line is one drain:
+PostgreSQL server's CPU (its processes' user + system time) over the drain, the backends
+waiting on a lock (mean per 20 ms sample) and the most connections. --processes starts
+that many workers on each drain. Rounds run the shapes interleaved; each line is one drain:
 
 - ``names:NxR``: N names of R jobs each, priority 0, the default queue;
 - ``priorities:P``: one name, its jobs spread evenly over priorities 0..P-1;
@@ -24,6 +25,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,32 +60,63 @@ def fill(url: str, shape: str, jobs: int) -> None:
         conn.execute("CHECKPOINT")
 
 
-def drain(url: str, worker_args: list[str], pg_pid: int) -> tuple[float, float, float, int]:
-    """Seconds from the first job's start to the last one's end; the worker's CPU and the server's
-    over its whole run (start-up included), in seconds; and the jobs completed."""
+class Watch(threading.Thread):
+    """Samples the server every 20 ms while the drain runs: backends waiting on a lock, and connections."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.stop = url, threading.Event()
+        self.samples = self.lock_waits = self.most_connections = 0
+
+    def run(self) -> None:
+        with connect(self.url) as conn:
+            while not self.stop.is_set():
+                waiting, connections = conn.execute(
+                    "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'), count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                ).fetchone()
+                self.samples += 1
+                self.lock_waits += waiting
+                self.most_connections = max(self.most_connections, connections)
+                self.stop.wait(0.02)
+
+
+def drain(url: str, worker_args: list[str], processes: int, pg_pid: int) -> dict[str, float]:
+    """``processes`` burst workers on the filled rows: seconds from the first job's start to the last
+    one's end, the workers' CPU and the server's over their whole run (start-up included), the jobs
+    completed, lock waits per sample and the most connections seen."""
     env = dict(os.environ, DATABASE_URL=url, PYTHONPATH=str(ROOT), BENCH_SPREAD_NAMES=str(NAMES))
     env["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
+    command = [sys.executable, "-m", "django", "runworker", *worker_args]
+    watch = Watch(url)
+    children = os.times().children_user + os.times().children_system
     before = Sample([], pg_pid)
-    done = subprocess.run(
-        [sys.executable, "-m", "django", "runworker", *worker_args], cwd=ROOT, env=env, capture_output=True, text=True
-    )
+    watch.start()
+    procs = [subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True) for _ in range(processes)]
+    failed = [(proc.wait(), proc.stderr.read() if proc.stderr else "") for proc in procs]
+    watch.stop.set()
+    watch.join()
     after = Sample([], pg_pid)
-    if done.returncode != 0:
-        raise SystemExit(f"runworker failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    worker_cpu = (os.times().children_user + os.times().children_system) - drain.children
-    drain.children += worker_cpu
+    for code, errors in failed:
+        if code != 0:
+            raise SystemExit(f"runworker failed ({code}):\n{errors[-3000:]}")
     with connect(url) as conn:
         completed, elapsed = conn.execute(
             "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at))::float8 "
             "FROM axa_history WHERE status = 'completed'"
         ).fetchone()
         (left,) = conn.execute("SELECT count(*) FROM axa_queue WHERE status <> 'completed'").fetchone()
-    if left:
-        raise SystemExit(f"{left} job(s) not completed")
-    return elapsed, worker_cpu, after.pg - before.pg, completed
-
-
-drain.children = 0.0  # type: ignore[attr-defined]
+        (twice,) = conn.execute("SELECT count(*) FROM axa_history WHERE attempts <> 1").fetchone()
+    if left or twice:
+        raise SystemExit(f"{left} job(s) not completed, {twice} run more than once")
+    return {
+        "elapsed": elapsed,
+        "worker_cpu": os.times().children_user + os.times().children_system - children,
+        "pg_cpu": after.pg - before.pg,
+        "completed": completed,
+        "lock_waits": watch.lock_waits / max(watch.samples, 1),
+        "connections": watch.most_connections,
+    }
 
 
 def main() -> None:
@@ -92,6 +125,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--shapes", default="names:1x100000,names:100x1000,names:1000x100,priorities:20,queues:50")
     parser.add_argument("--worker-args", default="--burst --concurrency 1")
+    parser.add_argument("--processes", default="1", help="worker processes per drain, comma separated (default 1)")
     parser.add_argument("--pg-pid", type=int, default=0, help="the server's postmaster pid, for its CPU")
     parser.add_argument("--db", default="axa_bench_spread")
     args = parser.parse_args()
@@ -102,16 +136,20 @@ def main() -> None:
     info = server_info(url)
     pg_pid = args.pg_pid or info["pg_pid"]
     print(f"server: PostgreSQL {info['version']}, {info['connection']}; runworker {args.worker_args}")
-    print("shape                  jobs     jobs/s   worker ms/job   PostgreSQL ms/job")
+    print("shape                processes    jobs     jobs/s   worker ms/job   PostgreSQL ms/job", end="")
+    print("   lock waits   connections")
     for _ in range(args.rounds):
         for shape in args.shapes.split(","):
-            fill(url, shape, args.jobs)
-            elapsed, worker_cpu, pg_cpu, completed = drain(url, shlex.split(args.worker_args), pg_pid)
-            print(
-                f"{shape:<20} {completed:>7} {completed / elapsed:>10.0f} {worker_cpu / completed * 1000:>15.4f} "
-                f"{pg_cpu / completed * 1000:>19.4f}",
-                flush=True,
-            )
+            for processes in (int(n) for n in args.processes.split(",")):
+                fill(url, shape, args.jobs)
+                run = drain(url, shlex.split(args.worker_args), processes, pg_pid)
+                done = run["completed"]
+                print(
+                    f"{shape:<20} {processes:>9} {done:>7} {done / run['elapsed']:>10.0f} "
+                    f"{run['worker_cpu'] / done * 1000:>15.4f} {run['pg_cpu'] / done * 1000:>19.4f} "
+                    f"{run['lock_waits']:>12.2f} {run['connections']:>13}",
+                    flush=True,
+                )
     with connect(base) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{args.db}" WITH (FORCE)')
 
