@@ -194,9 +194,9 @@ class Job(StaysPut):
             ),
             # Serves the limited claims and the looks per name: per name, highest priority then
             # oldest run_at. "name IS NOT NULL" (true of every row) follows from any test of
-            # name but the plain walk's (sql.SERVES): on PostgreSQL 18 a skip scan of this
-            # index, sorted, tied with axa_queue_claim_all on a small table, and a worker
-            # kept that plan as the queue grew.
+            # name with an operator (name = x, name >= '') but the plain walk's (sql.SERVES):
+            # on PostgreSQL 18 a skip scan of this index, sorted, tied with
+            # axa_queue_claim_all on a small table, and a worker kept that plan as the queue grew.
             models.Index(
                 "name",
                 models.F("priority").desc(),

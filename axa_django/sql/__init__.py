@@ -336,18 +336,19 @@ TIMEOUTS = (
 # (queue, backend) of django.tasks rows. Loose index scans over the queue claim
 # indexes find the distinct pairs in one descent each (at most %(pairs)s of them),
 # whatever the table holds; a pair's kind is its best row's; the ready rows of a pair
-# no live worker covers are counted through the same index, at most %(cap)s. "name IS
-# NOT NULL" (true of every row) is the condition of the (queue, name) index: without it
-# the walk over names took axa_queue_claim_all_queue and sorted each queue's rows.
+# no live worker covers are counted through the same index, at most %(cap)s. "name >= ''"
+# (true of every row) says the (queue, name) index's "name IS NOT NULL" (models.py):
+# without it the walk over names took axa_queue_claim_all_queue and sorted each queue's
+# rows; said as IS NOT NULL, PostgreSQL 17 and later drop it (name is NOT NULL) first.
 UNHANDLED = """
 WITH RECURSIVE names AS (
     (SELECT 1 AS n, queue, name, backend IS NOT NULL AS task FROM ONLY axa_queue
-     WHERE status BETWEEN 'queued' AND 'queued' AND name IS NOT NULL
+     WHERE status BETWEEN 'queued' AND 'queued' AND name >= ''
      ORDER BY queue, name, priority DESC, run_at LIMIT 1)
     UNION ALL
     SELECT p.n + 1, x.queue, x.name, x.task FROM names p CROSS JOIN LATERAL (
         SELECT queue, name, backend IS NOT NULL AS task FROM ONLY axa_queue
-        WHERE status BETWEEN 'queued' AND 'queued' AND name IS NOT NULL AND (queue, name) > (p.queue, p.name)
+        WHERE status BETWEEN 'queued' AND 'queued' AND name >= '' AND (queue, name) > (p.queue, p.name)
         ORDER BY queue, name, priority DESC, run_at LIMIT 1
     ) AS x WHERE p.n < %(pairs)s
 ), backends AS (
