@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
 
-from benchmarks.run import connect, migrated_database, server_info  # noqa: E402
+from benchmarks.run import base_url, connect, migrated_database, server_info  # noqa: E402
 
 
 def locked(node: dict[str, Any]) -> int:
@@ -39,9 +39,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=64, help="rows the claim asks for (default 64)")
     parser.add_argument("--db", default="axa_bench_spread")
     args = parser.parse_args()
-    base = os.environ.get("DATABASE_URL")
-    if not base:
-        raise SystemExit("set DATABASE_URL")
+    base = base_url()
     url = migrated_database(base, args.db)
     import django
 

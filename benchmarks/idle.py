@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import measure  # noqa: E402
-from benchmarks.run import connect, migrated_database, server_info  # noqa: E402
+from benchmarks.run import base_url, connect, migrated_database, server_info  # noqa: E402
 
 XACTS = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"
 CONNECTIONS = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
@@ -36,9 +36,7 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=15.0, help="seconds after all registered (default 15)")
     parser.add_argument("--db", default="axa_bench_idle")
     args = parser.parse_args()
-    base = os.environ.get("DATABASE_URL")
-    if not base:
-        raise SystemExit("set DATABASE_URL")
+    base = base_url()
     url = migrated_database(base, args.db)
     pg_pid = server_info(url)["pg_pid"]
     env = dict(os.environ, DATABASE_URL=url, DJANGO_SETTINGS_MODULE="benchmarks.settings", PYTHONPATH=str(ROOT))

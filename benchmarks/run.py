@@ -103,6 +103,14 @@ def server_info(url: str) -> dict[str, Any]:
     }
 
 
+def base_url() -> str:
+    """The server to measure, from DATABASE_URL (a tool's own databases are made on it)."""
+    base = os.environ.get("DATABASE_URL")
+    if not base:
+        raise SystemExit("set DATABASE_URL to the server to measure (durable, over TCP, as docs/performance.md says)")
+    return base
+
+
 def migrated_database(base: str, name: str) -> str:
     """A fresh database ``name`` on ``base``'s server, migrated with the benchmark settings; its URL,
     also set as this process's DATABASE_URL (for the Django the caller sets up next)."""

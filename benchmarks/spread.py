@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
 
 from benchmarks.measure import Sample  # noqa: E402
-from benchmarks.run import connect, migrated_database, server_info  # noqa: E402
+from benchmarks.run import base_url, connect, migrated_database, server_info  # noqa: E402
 
 NAMES = 1000  # registered in every worker of every shape
 
@@ -129,9 +129,7 @@ def main() -> None:
     parser.add_argument("--pg-pid", type=int, default=0, help="the server's postmaster pid, for its CPU")
     parser.add_argument("--db", default="axa_bench_spread")
     args = parser.parse_args()
-    base = os.environ.get("DATABASE_URL")
-    if not base:
-        raise SystemExit("set DATABASE_URL")
+    base = base_url()
     url = migrated_database(base, args.db)
     info = server_info(url)
     pg_pid = args.pg_pid or info["pg_pid"]
