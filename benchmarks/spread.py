@@ -2,7 +2,7 @@
 
     DATABASE_URL=postgresql://... python benchmarks/spread.py [--jobs 100000] [--rounds 2]
         [--shapes names:1x100000,names:100x1000,names:1000x100,priorities:20,queues:50]
-        [--worker-args "--burst --concurrency 1"]
+        [--worker-args "--burst --concurrency 1"] [--processes 1,4] [--start-first]
 
 Each shape fills a fresh ``axa_bench_spread`` database with --jobs ready no-op rows (one
 INSERT, as a bulk enqueue writes them) and times ``runworker`` (with --worker-args) from
@@ -11,7 +11,10 @@ none is left), every worker process serving
 the same 1,000 registered names (BENCH_SPREAD_NAMES) whatever the shape, and samples the
 PostgreSQL server's CPU (its processes' user + system time) over the drain, the backends
 waiting on a lock (mean per 20 ms sample) and the most connections. --processes starts
-that many workers on each drain. Rounds run the shapes interleaved; each line is one drain:
+that many workers on each drain. With --start-first (and --worker-args without --burst)
+the workers start on the empty table and the rows are written once all have registered:
+the CPU figures then leave the start-ups out. Rounds run the shapes interleaved; each
+line is one drain:
 
 - ``names:NxR``: N names of R jobs each, priority 0, the default queue;
 - ``priorities:P``: one name, its jobs spread evenly over priorities 0..P-1;
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -32,13 +36,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
 
-from benchmarks.measure import Sample  # noqa: E402
+from benchmarks.measure import Sample, wait_until  # noqa: E402
 from benchmarks.run import base_url, connect, migrated_database, server_info  # noqa: E402
 
 NAMES = 1000  # registered in every worker of every shape
 
 
-def fill(url: str, shape: str, jobs: int) -> None:
+def rows(shape: str, jobs: int) -> tuple[str, int]:
+    """The INSERT that writes ``shape``'s ready rows, and how many."""
     kind, _, spec = shape.partition(":")
     if kind == "names":
         names, rows = (int(part) for part in spec.split("x"))
@@ -50,14 +55,23 @@ def fill(url: str, shape: str, jobs: int) -> None:
         values = f"'bench.spread0', 0, 'q' || (g % {int(spec)})"
     else:
         raise SystemExit(f"unknown shape {shape!r}")
+    insert = (
+        f"INSERT INTO axa_queue (id, name, priority, queue, args) "
+        f"SELECT gen_random_uuid(), {values}, '{{}}' FROM generate_series(0, {jobs} - 1) g"
+    )
+    return insert, jobs
+
+
+def fill(url: str, shape: str, jobs: int, now: bool = True) -> int:
+    """Empty the tables; write the shape's rows unless ``now`` is False (then only prepare); the rows' count."""
+    insert, count = rows(shape, jobs)
     with connect(url) as conn:
         conn.execute("TRUNCATE axa_queue, axa_history, axa_worker CASCADE")
-        conn.execute(
-            f"INSERT INTO axa_queue (id, name, priority, queue, args) "
-            f"SELECT gen_random_uuid(), {values}, '{{}}' FROM generate_series(0, {jobs} - 1) g"
-        )
+        if now:
+            conn.execute(insert)
         conn.execute("VACUUM ANALYZE axa_queue")
         conn.execute("CHECKPOINT")
+    return count
 
 
 class Watch(threading.Thread):
@@ -81,22 +95,40 @@ class Watch(threading.Thread):
                 self.stop.wait(0.02)
 
 
-def drain(url: str, worker_args: list[str], processes: int, pg_pid: int) -> dict[str, float]:
-    """``processes`` burst workers on the filled rows: seconds from the first job's start to the last
-    one's end, the workers' CPU and the server's over their whole run (start-up included), the jobs
-    completed, lock waits per sample and the most connections seen."""
+def drain(url: str, worker_args: list[str], processes: int, pg_pid: int, insert: str | None) -> dict[str, float]:
+    """``processes`` workers on the rows: seconds from the first job's start to the last one's end,
+    the workers' CPU and the server's, the jobs completed, lock waits per sample and the most
+    connections seen. ``insert`` None: burst workers on the rows written, CPU over their whole run
+    (start-ups included); else workers started on the empty table, and once all have registered,
+    the rows written by ``insert``: CPU from its commit to the last job's end (then the workers stop)."""
     env = dict(os.environ, DATABASE_URL=url, PYTHONPATH=str(ROOT), BENCH_SPREAD_NAMES=str(NAMES))
     env["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
     command = [sys.executable, "-m", "django", "runworker", *worker_args]
     watch = Watch(url)
-    children = os.times().children_user + os.times().children_system
-    before = Sample([], pg_pid)
-    watch.start()
     procs = [subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True) for _ in range(processes)]
+    if insert is not None:
+        with connect(url) as conn:
+            wait_until(
+                lambda: conn.execute("SELECT count(*) FROM axa_worker").fetchone()[0] >= processes, 120, "registered"
+            )
+            conn.execute(insert)
+            total = conn.execute("SELECT count(*) FROM axa_queue").fetchone()[0]
+    pids = [proc.pid for proc in procs]
+    before = Sample(pids if insert is not None else [], pg_pid)
+    children = os.times().children_user + os.times().children_system
+    watch.start()
+    if insert is not None:
+        with connect(url) as conn:
+            done = "SELECT count(*) FROM axa_history"
+            wait_until(lambda: conn.execute(done).fetchone()[0] >= total, 1800, "every job", step=0.02)
+        after = Sample(pids, pg_pid)
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
     failed = [(proc.wait(), proc.stderr.read() if proc.stderr else "") for proc in procs]
     watch.stop.set()
     watch.join()
-    after = Sample([], pg_pid)
+    if insert is None:
+        after = Sample([], pg_pid)
     for code, errors in failed:
         if code != 0:
             raise SystemExit(f"runworker failed ({code}):\n{errors[-3000:]}")
@@ -111,7 +143,9 @@ def drain(url: str, worker_args: list[str], processes: int, pg_pid: int) -> dict
         raise SystemExit(f"{left} job(s) not completed, {twice} run more than once")
     return {
         "elapsed": elapsed,
-        "worker_cpu": os.times().children_user + os.times().children_system - children,
+        "worker_cpu": (after.workers - before.workers)
+        if insert is not None
+        else os.times().children_user + os.times().children_system - children,
         "pg_cpu": after.pg - before.pg,
         "completed": completed,
         "lock_waits": watch.lock_waits / max(watch.samples, 1),
@@ -126,6 +160,12 @@ def main() -> None:
     parser.add_argument("--shapes", default="names:1x100000,names:100x1000,names:1000x100,priorities:20,queues:50")
     parser.add_argument("--worker-args", default="--burst --concurrency 1")
     parser.add_argument("--processes", default="1", help="worker processes per drain, comma separated (default 1)")
+    parser.add_argument(
+        "--start-first",
+        action="store_true",
+        help="start the workers (give --worker-args without --burst) on the empty table, then write the rows: "
+        "CPU from then on, start-ups left out",
+    )
     parser.add_argument("--pg-pid", type=int, default=0, help="the server's postmaster pid, for its CPU")
     parser.add_argument("--db", default="axa_bench_spread")
     args = parser.parse_args()
@@ -139,8 +179,9 @@ def main() -> None:
     for _ in range(args.rounds):
         for shape in args.shapes.split(","):
             for processes in (int(n) for n in args.processes.split(",")):
-                fill(url, shape, args.jobs)
-                run = drain(url, shlex.split(args.worker_args), processes, pg_pid)
+                fill(url, shape, args.jobs, now=not args.start_first)
+                insert = rows(shape, args.jobs)[0] if args.start_first else None
+                run = drain(url, shlex.split(args.worker_args), processes, pg_pid, insert)
                 done = run["completed"]
                 print(
                     f"{shape:<20} {processes:>9} {done:>7} {done / run['elapsed']:>10.0f} "
