@@ -21,10 +21,8 @@ DEFAULTS: dict[str, Any] = {
     "MODE": "queue",
     # Alias in DATABASES that holds the queue table.
     "DATABASE": "default",
-    # Seconds an idle worker waits between polls when no notification arrives; None: 1 s
-    # where notifications cannot reach it (NOTIFY off, transaction pooling), 10 s where
-    # they can (a poll is then only the safety net: each costs the database three statements).
-    "POLL_INTERVAL": None,
+    # Seconds an idle worker waits between polls when no notification arrives.
+    "POLL_INTERVAL": 1.0,
     # A running row claimed without a worker id (the seed's CLAIM) is rescued after this.
     "STALE_MINUTES": 60,
     # A worker whose heartbeat is older than this is dead and its jobs are rescued.
@@ -76,7 +74,7 @@ def _names(value: Any) -> bool:
 
 # key -> (predicate, what the value must be)
 RULES: dict[str, tuple[Any, str]] = {
-    "POLL_INTERVAL": (lambda v: v is None or _positive_number(v), "None or a positive number of seconds"),
+    "POLL_INTERVAL": (_positive_number, "a positive number of seconds"),
     "STALE_MINUTES": (_positive_int, "a positive whole number of minutes"),
     "LEASE_SECONDS": (_positive_number, "a positive number of seconds"),
     "MAX_ATTEMPTS": (_positive_int, "a positive whole number"),

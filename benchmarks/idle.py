@@ -3,7 +3,7 @@
     DATABASE_URL=postgresql://... python benchmarks/idle.py [--workers 32] [--seconds 60]
 
 Starts --workers ``runworker --concurrency 1`` processes on a fresh, empty
-``axa_bench_idle`` database (benchmark settings: the defaults, notifications on),
+``axa_bench_idle`` database (benchmark settings: POLL_INTERVAL 1 s, notifications on),
 waits until each has registered and 15 s more (its start's checks and first
 housekeeping), then over --seconds measures the PostgreSQL server's CPU and the
 workers' (user + system, as a share of one core), the transactions committed or rolled

@@ -13,6 +13,6 @@ INSTALLED_APPS = ["axa_django", "benchmarks.benchapp"]
 if os.environ.get("BENCH_FLOW") == "1":
     INSTALLED_APPS.append("benchmarks.flowapp")  # benchmarks/flow.py: jobs with concurrency limits
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-AXA_DJANGO: dict[str, object] = {}  # the defaults, as a user gets them
+AXA_DJANGO = {"POLL_INTERVAL": 1.0}
 if os.environ.get("AXA_BENCH_RETENTION"):  # benchmarks/soak.py --retention
     AXA_DJANGO["RETENTION"] = float(os.environ["AXA_BENCH_RETENTION"])

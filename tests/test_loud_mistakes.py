@@ -28,10 +28,7 @@ from tests.testapp.setup12_jobs import negative_backoff, only_args, spread
         ({1: 2}, "AXA_DJANGO has an unknown key 1. Known keys:"),
         ("queue", "AXA_DJANGO must be a dict, not str."),
         ({"MODE": "eager"}, "AXA_DJANGO['MODE'] is 'eager'; it must be 'queue' or 'immediate'."),
-        (
-            {"POLL_INTERVAL": "1"},
-            "AXA_DJANGO['POLL_INTERVAL'] is '1'; it must be None or a positive number of seconds.",
-        ),
+        ({"POLL_INTERVAL": "1"}, "AXA_DJANGO['POLL_INTERVAL'] is '1'; it must be a positive number of seconds."),
         ({"NOTIFY": "no"}, "AXA_DJANGO['NOTIFY'] is 'no'; it must be True or False."),
         ({"DATABASE": "nope"}, "AXA_DJANGO['DATABASE'] is 'nope', which is not in DATABASES."),
         ({"CRON_TIMEZONE": "Mars/Olympus"}, "'Mars/Olympus', which is not a known time zone."),

@@ -98,13 +98,9 @@ def run_checks():
         (
             {"POLL_INTERVAL": 0},
             "axa_django.E004",
-            "AXA_DJANGO['POLL_INTERVAL'] is 0; it must be None or a positive number of seconds.",
+            "AXA_DJANGO['POLL_INTERVAL'] is 0; it must be a positive number of seconds.",
         ),
-        (
-            {"POLL_INTERVAL": "1"},
-            "axa_django.E004",
-            "AXA_DJANGO['POLL_INTERVAL'] is '1'; it must be None or a positive",
-        ),
+        ({"POLL_INTERVAL": "1"}, "axa_django.E004", "AXA_DJANGO['POLL_INTERVAL'] is '1'; it must be a positive number"),
         ({"LEASE_SECONDS": -5}, "axa_django.E004", "AXA_DJANGO['LEASE_SECONDS'] is -5"),
         (
             {"MAX_ATTEMPTS": 0},

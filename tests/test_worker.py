@@ -181,28 +181,6 @@ def test_bad_worker_options_are_refused():
         assert str(raised.value) == message
 
 
-@pytest.mark.parametrize(
-    ("setting", "flag", "unnotified", "notified"),
-    [(None, None, 1.0, 10.0), (None, 0.5, 0.5, 0.5), (2.0, None, 2.0, 2.0)],
-    ids=["default", "--poll-interval", "POLL_INTERVAL"],
-)
-def test_an_idle_worker_polls_every_ten_seconds_while_notifications_reach_it_unless_told(
-    settings, setting, flag, unnotified, notified
-):
-    # 32 idle workers polling every second cost the server 2.8% of a core
-    # (benchmarks/results/pg15-fleet.txt); a notification wakes them at once anyway.
-    settings.AXA_DJANGO = {
-        **settings.AXA_DJANGO,
-        "POLL_INTERVAL": setting,
-        "NOTIFY": True,
-        "TRANSACTION_POOLING": False,
-    }
-    worker = Worker(poll_interval=flag, install_signals=False)
-    assert worker.listener.enabled and worker.dispatcher._poll() == notified
-    worker.listener.poll_instead()  # LISTEN/NOTIFY does not reach it: it polls
-    assert worker.dispatcher._poll() == unnotified
-
-
 # -- real subprocesses ------------------------------------------------------------
 
 

@@ -108,25 +108,14 @@ class Worker:
         self.ledger = ledger = Ledger()
         self.db = db = DispatcherConnection(options, control, ledger)
         quiet = Quiet()
-        lanes = Lanes(notified=options.notify)  # where the plain claim walks from, per priority
+        lanes = Lanes(notified=options.notify)  # where the plain claim walks from, per (name, priority)
         self.listener = Listener(options, worker_id, control, ledger, lanes, quiet)
         self.limited = limited = LimitedClaims(options, worker_id, db, quiet)
         self.jobs = JobThreads(options, worker_id, control, ledger)
         self.watchdog = Watchdog(options, worker_id, control, ledger, self.jobs.replace)
         self.claimer = Claimer(options, worker_id, db, ledger, lanes, quiet, limited, self.watchdog)
         self.watchman = watchman = Watchman(options, worker_id, ledger)
-        self.dispatcher = Dispatcher(
-            options,
-            worker_id,
-            control,
-            ledger,
-            db,
-            self.claimer,
-            limited,
-            quiet,
-            watchman,
-            lambda: self.listener.enabled,
-        )
+        self.dispatcher = Dispatcher(options, worker_id, control, ledger, db, self.claimer, limited, quiet, watchman)
         self.finisher = Finisher(options, worker_id, control, ledger, limited, self.listener, quiet)
         lookout = Lookout(options, lanes, options.housekeeping_interval)
         # A burst worker's dispatcher keeps the watchman's work (it may be gone before a beat).

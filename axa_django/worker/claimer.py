@@ -202,8 +202,9 @@ class Claimer:
             self._statements[key] = sql.compose(template, names, self.options.backends, self.options.queues)
         return self._statements[key]
 
-    def next_run(self, names: list[str], poll: float) -> float:
-        """Seconds until the next of this worker's rows falls due (``poll`` at most)."""
+    def next_run(self, names: list[str]) -> float:
+        """Seconds until the next of this worker's rows falls due (the poll interval at most)."""
+        poll = self.options.poll_interval
         if not names and not self.options.backends:
             return poll
         rows = self.db.execute(self.composed(sql.NEXT_RUN, names), {})

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
 
 from .. import housekeeping, sql
 from .claimer import Claimer
@@ -42,11 +41,10 @@ class Dispatcher:
         limited: LimitedClaims,
         quiet: Quiet,
         watchman: Watchman,
-        notified: Callable[[], bool],
     ) -> None:
         self.options, self.worker_id, self.control, self.ledger = options, worker_id, control, ledger
         self.db, self.claimer, self.limited, self.quiet = db, claimer, limited, quiet
-        self.watchman, self.notified = watchman, notified
+        self.watchman = watchman
         self._next_adopt = 0.0
         self._last_claimed = 0  # rows the last claim took: the next takes at most twice as many
 
@@ -125,11 +123,10 @@ class Dispatcher:
                 if not jobs or (tried_all and self.quiet.heard_all and not options.burst):
                     # Fewer rows than asked for, every kind tried: none other is ready now. The
                     # worker claims again on news, when its next row falls due, or when it polls.
-                    poll = self._poll()
-                    timeout = min(self.claimer.next_run(names, poll), next_housekeeping - time.monotonic())
-                    idle = (news, time.monotonic() + min(timeout, poll))
+                    timeout = min(self.claimer.next_run(names), next_housekeeping - time.monotonic())
+                    idle = (news, time.monotonic() + min(timeout, options.poll_interval))
                     if not jobs:
-                        self._wait(timeout, poll)
+                        self._wait(timeout)
 
     def _room(self, claimed_total: int, backlog: bool) -> int:
         """How many rows to claim now; 0 while threads are busy and enough rows wait for them.
@@ -178,14 +175,10 @@ class Dispatcher:
                 wake.wait(left)
         return idle
 
-    def _poll(self) -> float:
-        """Seconds an idle worker waits for news before it claims again."""
-        return self.options.poll_notified if self.notified() else self.options.poll_interval
-
-    def _wait(self, timeout: float, poll: float | None = None) -> None:
+    def _wait(self, timeout: float) -> None:
         if self.ledger.has_starts():
             timeout = min(timeout, MARK_AFTER)
-        self.control.wake.wait(max(0.0, min(timeout, poll or self.options.poll_interval)))
+        self.control.wake.wait(max(0.0, min(timeout, self.options.poll_interval)))
 
     def _mark_started(self) -> None:
         """Write started_at of claimed-ahead jobs running past MARK_AFTER: a lost worker then counts them a loss."""

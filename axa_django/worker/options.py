@@ -21,10 +21,6 @@ from ..selection import check_names, check_queue, task_backend_aliases
 # 2,048, and the database's CPU per job fell from 0.054 to 0.032 ms
 # (benchmarks/results/pg15-prefetch-sweep.txt).
 DEFAULT_PREFETCH = 2048
-# An idle worker's poll unless POLL_INTERVAL (or --poll-interval) says: where no notification
-# reaches it, and where they do (a safety net then: 32 idle workers polling every second
-# cost the server 2.8% of a core, benchmarks/results/pg15-fleet.txt).
-POLL_UNNOTIFIED, POLL_NOTIFIED = 1.0, 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,8 +29,7 @@ class Options:
 
     concurrency: int
     prefetch: int  # at most this many rows claimed and not yet started (0: claim for free threads only)
-    poll_interval: float  # an idle worker's poll without notifications
-    poll_notified: float  # and with them
+    poll_interval: float
     burst: bool
     max_jobs: int | None
     queues: list[str] | None
@@ -84,12 +79,10 @@ class Options:
         if not (isinstance(timeout_grace, int | float) and not isinstance(timeout_grace, bool) and timeout_grace >= 0):
             raise ValueError(f"timeout_grace must be a number of seconds >= 0, not {timeout_grace!r}")
         pooling = bool(conf.get("TRANSACTION_POOLING"))
-        poll = poll_interval or conf.get("POLL_INTERVAL")
         return cls(
             concurrency=concurrency,
             prefetch=DEFAULT_PREFETCH if prefetch is None else prefetch,
-            poll_interval=float(poll or POLL_UNNOTIFIED),
-            poll_notified=float(poll or POLL_NOTIFIED),
+            poll_interval=float(poll_interval or conf.get("POLL_INTERVAL")),
             burst=burst,
             max_jobs=max_jobs,
             queues=sorted({check_queue(queue) for queue in queues}) if queues else None,

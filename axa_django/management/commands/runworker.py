@@ -71,12 +71,7 @@ class Command(BaseCommand):
             default=None,
             help="most rows claimed ahead of free threads, for short jobs (default 2048; 0: none)",
         )
-        parser.add_argument(
-            "--poll-interval",
-            type=_seconds,
-            default=None,
-            help="seconds between polls when idle (default: 10 while notifications reach the worker, else 1)",
-        )
+        parser.add_argument("--poll-interval", type=_seconds, default=None, help="seconds between polls when idle")
         parser.add_argument(
             "--burst",
             action="store_true",
