@@ -108,7 +108,7 @@ class Worker:
         self.ledger = ledger = Ledger()
         self.db = db = DispatcherConnection(options, control, ledger)
         quiet = Quiet()
-        lanes = Lanes(notified=options.notify)  # where the plain claim walks from, per (name, priority)
+        lanes = Lanes(notified=options.notify)  # where the plain claim walks from, per priority
         self.listener = Listener(options, worker_id, control, ledger, lanes, quiet)
         self.limited = limited = LimitedClaims(options, worker_id, db, quiet)
         self.jobs = JobThreads(options, worker_id, control, ledger)
