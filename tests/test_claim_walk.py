@@ -9,6 +9,7 @@ held open while the second claims).
 
 from __future__ import annotations
 
+import datetime
 import json
 import threading
 import uuid
@@ -19,9 +20,9 @@ import psycopg
 import pytest
 
 from axa_django import sql
-from axa_django.worker import connect
+from axa_django.worker import connect, lanes
 from axa_django.worker.lookout import Lookout
-from tests.conftest import AXA_APPS
+from tests.conftest import AXA_APPS, wait_for
 from tests.test_scale_claim import NAME, Claimer, enqueue
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
@@ -161,8 +162,10 @@ def test_ready_rows_of_names_this_worker_does_not_serve_are_read_once_not_at_eve
         past(conn, 20000, "other.service.job", priority)  # after this worker's newest row
         conn.execute("ANALYZE axa_queue")
         claimer = Claimer(conn, [NAME])
-        claimer.finish(claimer.claim(limit=100))  # all 10 of the 100 asked: it walked every segment to its end
+        claimer.finish(claimer.claim(limit=100))
         claimer.settle()
+        # An idle poll: none of 100 asked for, every segment walked to its end, the cap known.
+        assert claimer.claim(limit=100) == []
         assert claimer.statement()[2], "walked from floors"
         assert claimer.buffers() < 60, "the claim read the other names' rows again"
         enqueue(conn, 3)
@@ -201,6 +204,7 @@ def test_one_look_finds_the_oldest_row_behind_a_gaps_floor_whatever_its_priority
         claimer = Claimer(conn, [NAME])
         claimer.finish(claimer.claim(limit=100))  # priority 0 is a lane; 1 to 5 are a gap
         claimer.settle()
+        assert claimer.claim(limit=100) == []  # an idle poll: the floors swept to the cap
         # Behind every floor, unannounced (this claimer hears no notification): the oldest
         # at priority 1, the newest at priority 5, the gap's best.
         ids = [
@@ -264,3 +268,28 @@ def test_a_row_due_before_year_one_behind_the_floors_is_claimed_after_the_look()
         Lookout(SimpleNamespace(backends=[], queues=None), claimer.lanes, interval=10.0).look(beat, "10s")
         assert not claimer.statement()[2], "a walk in full next"
         assert [row[0] for row in claimer.claim(limit=100)] == [later]
+
+
+def test_rows_of_a_transaction_running_at_a_claim_that_found_nothing_are_claimed_once_it_commits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A bulk INSERT running while an idle worker's claim found nothing: its rows' run_at is
+    # its statement's start; swept past it, 100,000 rows waited 8 s for the look.
+    monkeypatch.setattr(lanes, "SWEPT_LAG", datetime.timedelta(0))  # the cap alone must hold the floors back
+    with connect("default", "test claimer") as conn, connect("default", "writer") as writer:
+        conn.autocommit, writer.autocommit = True, False
+        enqueue(conn, 5)
+        claimer = Claimer(conn, [NAME])
+        claimer.finish(claimer.claim(limit=100))
+        claimer.settle()
+        (written,) = writer.execute(
+            "INSERT INTO axa_queue (id, name, args) SELECT gen_random_uuid(), %s, '{}' FROM generate_series(1, 3) "
+            "RETURNING run_at",
+            [NAME],
+        ).fetchone()
+        # The claim comes later than lanes.MARGIN after the INSERT began (a bulk INSERT's length).
+        wait_for(lambda: conn.execute("SELECT now() > %s + interval '0.1 s'", [written]).fetchone()[0], what="0.1 s")
+        assert claimer.statement()[2] and claimer.claim(limit=100) == []  # not committed yet: walked to the end
+        writer.commit()
+        assert len(claimer.claim(limit=1)) == 1  # its snapshot sees the writer done: the cap moves past its rows
+        assert claimer.statement()[2] and len(claimer.claim(limit=100)) == 2, "found from the floors, not by a look"

@@ -10,10 +10,11 @@ So the claim walks each lane, a priority, from a floor: the ``run_at`` of the ne
 row it claimed there, held below the ``run_at`` of any row that may still
 appear behind it. A row appears behind the floor when its transaction commits after
 newer rows were claimed: its ``run_at`` is its INSERT's statement time. Each claim
-returns its snapshot's oldest running transaction id (``xmin``), its next id
-(``xmax``) and its time; a transaction running at a claim got its id after the last
-earlier claim whose ``xmax`` is at most that ``xmin``, so its rows' ``run_at`` is at
-least that claim's time (less ``MARGIN``, for a statement that began before it wrote).
+returns its snapshot's oldest running transaction id (``xmin``), its own id (``xmax``,
+above every id given before it began) and its time; a transaction running at a claim
+got its id after the last earlier claim whose ``xmax`` is at most that ``xmin``, so its
+rows' ``run_at`` is at least that claim's time (less ``MARGIN``, for a statement that
+began before it wrote).
 A read-only transaction holding a snapshot has no id: it never holds the floor back.
 
 Rows made ready with an older ``run_at`` (a workflow's child when its last parent
@@ -153,12 +154,6 @@ class Lanes:
         zone) and its snapshot (oldest running transaction id, next id, time); ``exhausted``:
         it took fewer rows than it asked for, so it walked every segment to its end."""
         xmin, xmax, at = snap
-        if exhausted:
-            # Rows of this worker's names it passed over are held by other claims (SKIP
-            # LOCKED: theirs once they commit), or by a writer whose lock ends later: the
-            # look finds those behind the floors. SWEPT_LAG: an INSERT ... SELECT that writes
-            # its first row a while after its statement began (its run_at) is not behind.
-            self._swept = at - SWEPT_LAG
         # A run_at equal to the claim's own time is not where the walk stood: the claim
         # moved the row up from before year 1 (sql.RUN_AT). Taken as a front, it put
         # every row still queued in that lane behind the floor.
@@ -189,11 +184,19 @@ class Lanes:
             if len(self._xmax) > HISTORY:
                 del self._xmax[0], self._at[0]
             return
-        # A claim that took fewer rows than it asked for does not say that its lanes are
-        # empty below the cap: rows other workers were claiming at that moment were passed
-        # over (SKIP LOCKED), so the fronts stay at the rows this worker took.
+        # A claim that took fewer rows than it asked for does not move the fronts past the
+        # rows it took: the sweep below moves every floor, and only as far as the cap.
         self._cap = cap = self._at[found] - MARGIN
         del self._xmax[:found], self._at[:found]
+        if exhausted:
+            # Rows of this worker's names it passed over are held by other claims (SKIP
+            # LOCKED: theirs once they commit), or by a writer whose lock ends later: the
+            # look finds those behind the floors. No further than this claim's own cap: a
+            # transaction running at it (a bulk INSERT) commits its rows, whose run_at is
+            # its statement's start, later (swept past them, 100,000 rows waited 8 s for the
+            # look). SWEPT_LAG: an INSERT ... SELECT whose first write comes late after its
+            # statement began, before it has a transaction id, is not left behind either.
+            self._swept = min(at - SWEPT_LAG, cap)
         key = self.key()
         self.shown = (self._served or (), key, self._segment_floors(key, cap))
 
