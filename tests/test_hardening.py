@@ -383,6 +383,20 @@ def test_the_claim_and_the_finish_skip_the_wal_flush_of_their_own_transaction():
     assert fresh(job).status == "completed" and fresh(job).result == 3
 
 
+def test_an_empty_claim_skips_the_wal_flush_of_the_transaction_id_it_takes():
+    # Each claim takes a transaction id (worker/lanes.py's cap): an idle worker's empty
+    # claims then commit, and each waited for a WAL flush.
+    worker = Worker(concurrency=1, install_signals=False)
+    with connect("default", "test") as conn, conn.transaction():
+        rows = conn.execute(
+            sql.compose(sql.CLAIM_LANES, worker.handler_names(), [], None, lanes=[0]),
+            {"worker": worker.id, "limit": 5, "ahead": False, "floors": "{-infinity,-infinity,-infinity}"},
+        ).fetchall()
+        assert [row[0] for row in rows] == [None]  # only the snapshot's row
+        assert conn.execute("SELECT pg_current_xact_id_if_assigned() IS NOT NULL").fetchone()[0]
+        assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "off"
+
+
 def test_an_idle_claim_is_one_statement_when_no_queue_has_a_limit():
     # The claim of limited queues, not tried (no queue has a limit), was noted as found
     # empty: the dispatcher then tried every kind again at once, two claims per empty one.

@@ -82,11 +82,13 @@ WHERE q.ctid = ANY(ARRAY(
 # empty claim here, is above every id given before the claim began; the snapshot's xmax
 # is not ("one past the highest completed"): a transaction that got its id before the
 # claim and was the newest running one was at or above it, and the floors went past the
-# rows it then committed (100,000 rows of a bulk INSERT waited 8 s for the look).
-_SNAPPED = """
-WITH claimed AS ({claim}), snap AS MATERIALIZED (
+# rows it then committed (100,000 rows of a bulk INSERT waited 8 s for the look). With
+# an id, an empty claim commits too: without NO_FLUSH here (the claimed rows' RETURNING
+# sets it only when there are rows), each idle poll waited for a WAL flush.
+_SNAPPED = f"""
+WITH claimed AS ({{claim}}), snap AS MATERIALIZED (
     SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8 AS xmin,
-        pg_current_xact_id()::text::int8 AS xmax, now() AS at
+        pg_current_xact_id()::text::int8 AS xmax, now() AS at, {NO_FLUSH} AS flush
 )
 SELECT c.*, NULL::int8, NULL::int8, NULL::timestamptz FROM claimed c
 UNION ALL
