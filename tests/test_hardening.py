@@ -383,18 +383,24 @@ def test_the_claim_and_the_finish_skip_the_wal_flush_of_their_own_transaction():
     assert fresh(job).status == "completed" and fresh(job).result == 3
 
 
-def test_an_empty_claim_skips_the_wal_flush_of_the_transaction_id_it_takes():
-    # Each claim takes a transaction id (worker/lanes.py's cap): an idle worker's empty
-    # claims then commit, and each waited for a WAL flush.
+def test_an_empty_claim_takes_no_transaction_id_and_reports_one_above_every_id_given_before_it():
+    # worker/lanes.py's cap needs an id above every id given before the claim began; a
+    # claim's own id (taken by an empty claim too) cost an id and a commit record a poll.
     worker = Worker(concurrency=1, install_signals=False)
-    with connect("default", "test") as conn, conn.transaction():
-        rows = conn.execute(
-            sql.compose(sql.CLAIM_LANES, worker.handler_names(), [], None, lanes=[0]),
-            {"worker": worker.id, "limit": 5, "ahead": False, "floors": "{-infinity,-infinity,-infinity}"},
-        ).fetchall()
-        assert [row[0] for row in rows] == [None]  # only the snapshot's row
-        assert conn.execute("SELECT pg_current_xact_id_if_assigned() IS NOT NULL").fetchone()[0]
-        assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "off"
+    statement = sql.compose(sql.CLAIM_LANES, worker.handler_names(), [], None, lanes=[0])
+    params = {"worker": worker.id, "limit": 5, "ahead": False, "floors": "{-infinity,-infinity,-infinity}"}
+    with connect("default", "test") as conn, connect("default", "writer") as writer:
+        writer.autocommit = False
+        (running,) = writer.execute("SELECT pg_current_xact_id()::text::int8").fetchone()  # the newest running id
+        with conn.transaction():
+            rows = conn.execute(statement, params).fetchall()
+            assert [row[0] for row in rows] == [None]  # only the snapshot's row
+            assert conn.execute("SELECT pg_current_xact_id_if_assigned() IS NULL").fetchone()[0]
+        xmin, above = rows[0][12], rows[0][13]
+        assert xmin <= running < above  # the running writer is seen below it
+        (after,) = conn.execute("SELECT pg_current_xact_id()::text::int8").fetchone()
+        assert above <= after
+        writer.rollback()
 
 
 def test_an_idle_claim_is_one_statement_when_no_queue_has_a_limit():

@@ -77,18 +77,22 @@ WHERE q.ctid = ANY(ARRAY(
     LIMIT %(limit)s
 )){CLAIM_RETURNING}"""
 # Both claims of background jobs report their snapshot (worker/lanes.py): its oldest
-# running transaction id, the claim's own id and its time, on a row of their own (id NULL)
-# after the claimed rows, so that an empty claim reports it too. Its own id, given to an
-# empty claim here, is above every id given before the claim began; the snapshot's xmax
-# is not ("one past the highest completed"): a transaction that got its id before the
-# claim and was the newest running one was at or above it, and the floors went past the
-# rows it then committed (100,000 rows of a bulk INSERT waited 8 s for the look). With
-# an id, an empty claim commits too: without NO_FLUSH here (the claimed rows' RETURNING
-# sets it only when there are rows), each idle poll waited for a WAL flush.
+# running transaction id, an id above every id given before the claim began, and its
+# time, on a row of their own (id NULL) after the claimed rows, so that an empty claim
+# reports it too. The snapshot's xmax is not such an id ("one past the highest
+# completed"): a transaction that got its id before the claim and was the newest running
+# one was at or above it, and the floors went past the rows it then committed (100,000
+# rows of a bulk INSERT waited 8 s for the look). age() reads the claim's own id, or else
+# the next id to be given, without taking one (an id for every empty claim cost a commit
+# record and an id a poll: ten times the ids an idle fleet used); it counts in 32 bits,
+# placed here above the snapshot's xmax, less than 2^32 below it.
+# (%% is psycopg's %: the claims are run with parameters.)
+NEXT_ID = """(SELECT x + (((n - x %% 4294967296) %% 4294967296) + 4294967296) %% 4294967296
+    FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::int8 AS x,
+        ((age('3'::xid)::int8 + 3) %% 4294967296 + 4294967296) %% 4294967296 AS n) AS ids)"""
 _SNAPPED = f"""
 WITH claimed AS ({{claim}}), snap AS MATERIALIZED (
-    SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8 AS xmin,
-        pg_current_xact_id()::text::int8 AS xmax, now() AS at, {NO_FLUSH} AS flush
+    SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8 AS xmin, {NEXT_ID} AS xmax, now() AS at
 )
 SELECT c.*, NULL::int8, NULL::int8, NULL::timestamptz FROM claimed c
 UNION ALL

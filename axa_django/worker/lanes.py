@@ -10,11 +10,11 @@ So the claim walks each lane, a priority, from a floor: the ``run_at`` of the ne
 row it claimed there, held below the ``run_at`` of any row that may still
 appear behind it. A row appears behind the floor when its transaction commits after
 newer rows were claimed: its ``run_at`` is its INSERT's statement time. Each claim
-returns its snapshot's oldest running transaction id (``xmin``), its own id (``xmax``,
-above every id given before it began) and its time; a transaction running at a claim
-got its id after the last earlier claim whose ``xmax`` is at most that ``xmin``, so its
-rows' ``run_at`` is at least that claim's time (less ``MARGIN``, for a statement that
-began before it wrote).
+returns its snapshot's oldest running transaction id (``xmin``), an id above every id
+given before it began (``xmax``: its own, or the next to be given) and its time; a
+transaction running at a claim got its id after the last earlier claim whose ``xmax``
+is at most that ``xmin``, so its rows' ``run_at`` is at least that claim's time (less
+``MARGIN``, for a statement that began before it wrote).
 A read-only transaction holding a snapshot has no id: it never holds the floor back.
 
 Rows made ready with an older ``run_at`` (a workflow's child when its last parent
@@ -151,8 +151,9 @@ class Lanes:
         exhausted: bool = False,
     ) -> None:
         """Record a claim: the rows it took (priority at 7, run_at at 8, in UTC without a
-        zone) and its snapshot (oldest running transaction id, next id, time); ``exhausted``:
-        it took fewer rows than it asked for, so it walked every segment to its end."""
+        zone) and its snapshot (oldest running transaction id, an id above every id given
+        before it began, time); ``exhausted``: it took fewer rows than it asked for, so it
+        walked every segment to its end."""
         xmin, xmax, at = snap
         # A run_at equal to the claim's own time is not where the walk stood: the claim
         # moved the row up from before year 1 (sql.RUN_AT). Taken as a front, it put
@@ -174,8 +175,8 @@ class Lanes:
             self._next_full = time.monotonic() + self.full_scan
         self._xmax.append(xmax)
         self._at.append(at)
-        # The oldest running id only grows, and so do the claims' next ids: the latest
-        # claim whose next id is at most this one's oldest running id stays found.
+        # The oldest running id only grows, and so do the claims' ids above: the latest
+        # claim whose id is at most this one's oldest running id stays found.
         found = bisect.bisect_right(self._xmax, xmin) - 1
         if found < 0:
             # A transaction older than every claim kept is still running: walk in full
