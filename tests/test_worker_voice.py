@@ -95,6 +95,9 @@ def test_the_dispatcher_says_when_the_database_is_back(caplog):
                 row = cursor.fetchone()
             return row[0] if row else None
 
+        # Once started: a connection cut while the worker sets it up is a start that waits
+        # for the database ("cannot reach ... yet"), not an outage it comes back from.
+        wait_for(lambda: said(caplog, " starting: "), what="the worker's start")
         pid = wait_for(dispatcher, what="the dispatcher's connection")
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
