@@ -12,8 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
-from axa_django import Job
+from axa_django import Job, queues
+from axa_django.models import QueueLimit
 from tests.conftest import AXA_APPS, wait_for
 from tests.testapp import flow_jobs, jobs, workflow_jobs
 
@@ -30,6 +32,17 @@ def start(workers, concurrency: int = 1):
     jobs.add.perform_later(1)  # warm: the worker is up and idle once this ran
     wait_for(lambda: Job.objects.filter(status="completed").count() == 1, what="the worker to start")
     return proc
+
+
+def dispatcher_idle_for(seconds: float) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = 'axa_django dispatcher' AND state = 'idle' "
+            "AND state_change < now() - make_interval(secs => %s))",
+            [seconds],
+        )
+        return cursor.fetchone()[0]
 
 
 def lines(log: Path) -> list[str]:
@@ -70,3 +83,28 @@ def test_a_child_runs_when_its_parent_ends(workers, tmp_path) -> None:
     parent = workflow_jobs.step.perform_later("parent", str(log), seconds=0.5)
     workflow_jobs.step.using(after=[parent]).perform_later("child", str(log))
     wait_for(lambda: "end child" in lines(log), timeout=PROMPT, what="the child")
+
+
+def test_a_slot_freed_in_a_limited_queue_is_taken_by_the_next_row(workers, tmp_path) -> None:
+    log = tmp_path / "log"
+    queues.limit("default", 1)
+    start(workers, concurrency=2)
+    jobs.slow.perform_later(1.0, log=str(log), token="first")
+    jobs.slow.perform_later(0, log=str(log), token="second")  # waits for the queue's one slot
+    wait_for(lambda: "end first" in " ".join(lines(log)), what="the first job")
+    wait_for(lambda: any(line.startswith("end second") for line in lines(log)), timeout=PROMPT, what="the second")
+
+
+def test_a_limit_lifted_by_the_orm_hands_the_waiting_rows_to_an_idle_thread(workers, tmp_path) -> None:
+    # Not through queues.unlimit (which says so in its statement): a row deleted by the
+    # ORM, or by psql, is announced by the table's trigger.
+    log = tmp_path / "log"
+    queues.limit("default", 1)
+    start(workers, concurrency=2)
+    jobs.slow.perform_later(30.0, log=str(log), token="holder")
+    jobs.slow.perform_later(0, log=str(log), token="waiter")
+    wait_for(lambda: any(line.startswith("start holder") for line in lines(log)), what="the holder to start")
+    # Once the worker waits for news: longer idle than any recheck of its own (a second).
+    wait_for(lambda: dispatcher_idle_for(1.5), what="the dispatcher to wait for news")
+    assert QueueLimit.objects.filter(queue="default").delete()[0] == 1
+    wait_for(lambda: any(line.startswith("end waiter") for line in lines(log)), timeout=PROMPT, what="the waiter")

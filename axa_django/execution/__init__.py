@@ -55,6 +55,8 @@ class Claimed:
     watch: Watch | None = field(default=None, repr=False)
     # Claimed ahead of free threads: started_at is written once a thread starts it.
     unmarked: bool = False
+    # Claimed within its queue's fleet-wide limit (axa_queue_limit): its end frees a slot.
+    limited_queue: bool = False
 
 
 @dataclass(slots=True)
@@ -80,6 +82,8 @@ class Outcome:
     # Of a lost attempt: whether the job had attempts left, should the loss not be stored
     # (the finisher then spends the attempt as any other's, so the job cannot run for ever).
     attempts_left: bool = True
+    # Its job was claimed within its queue's fleet-wide limit: once written, a slot is free.
+    frees_queue_slot: bool = False
 
 
 @tracing.traced

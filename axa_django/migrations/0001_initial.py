@@ -32,6 +32,25 @@ DROP TRIGGER IF EXISTS axa_queue_notify ON axa_queue;
 DROP FUNCTION IF EXISTS axa_queue_notify();
 """
 
+# A queue's limit set, changed or lifted by any means (queues.set_limit, the ORM, psql)
+# wakes idle workers, which read the limits again on news (worker/queuelimits.py); a
+# limit lifted or changed hands rows back to the plain claim, which may have walked past
+# them (worker/lanes.py): 'rescan'.
+LIMITS_NOTIFY = """
+CREATE FUNCTION axa_queue_limit_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('axa_queue', CASE WHEN TG_OP = 'INSERT' THEN '' ELSE 'rescan' END);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER axa_queue_limit_notify AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON axa_queue_limit
+    FOR EACH STATEMENT EXECUTE FUNCTION axa_queue_limit_notify();
+"""
+DROP_LIMITS_NOTIFY = """
+DROP TRIGGER IF EXISTS axa_queue_limit_notify ON axa_queue_limit;
+DROP FUNCTION IF EXISTS axa_queue_limit_notify();
+"""
+
 # Every claim and finish rewrites the row: leave room on each page for HOT updates,
 # and vacuum this small, hot table far sooner than the 20% default.
 STORAGE = """
@@ -716,4 +735,5 @@ class Migration(migrations.Migration):
         migrations.RunSQL(FLOW_KEYS, DROP_FLOW_KEYS),
         migrations.RunSQL(HISTORY, DROP_HISTORY),
         migrations.RunSQL(REQUEUE, NO_REQUEUE),
+        migrations.RunSQL(LIMITS_NOTIFY, DROP_LIMITS_NOTIFY),
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import logging
 import operator
+import time
 import uuid
 from typing import Any
 
@@ -24,6 +25,8 @@ from .watchdog import Watchdog
 
 logger = logging.getLogger("axa_django")
 
+# The longest a NEXT_RUN answer is kept while nothing is announced (Claimer.next_run).
+DUE_KEPT = 60.0
 _PRIORITY, _RUN_AT = operator.itemgetter(7), operator.itemgetter(8)  # of a claimed row (sql.CLAIM_RETURNING)
 
 
@@ -48,6 +51,10 @@ class Claimer:
         self._lane_statements: dict[tuple[tuple[str, ...], tuple[int, ...]], str] = {}
         # Rows the last claim gave back at once (``_give_back``).
         self.given_back: list[uuid.UUID] = []
+        # Ids of the rows the claim being built took within their queues' fleet-wide limits.
+        self._in_limited_queues: set[uuid.UUID] = set()
+        # The last NEXT_RUN: ((names, Quiet.news then), when asked, when its row falls due), monotonic.
+        self._due: tuple[tuple[tuple[str, ...], int], float, float | None] | None = None
 
     def claim(self, names: list[str], limit: int, ahead: bool = False) -> list[Claimed] | None:
         """Claim and hold up to ``limit`` rows; ``ahead``: more than there are free threads, started_at left for later.
@@ -59,6 +66,7 @@ class Claimer:
         if not names and not self.options.backends:
             return []
         self.ledger.claim_begins()
+        self._in_limited_queues = set()
         rows: list[tuple[Any, ...]] | None = []
         try:
             rows = self._rows(names, limit, ahead)
@@ -86,6 +94,8 @@ class Claimer:
         if len(rows) < min(limit, free) and (fast or options.backends) and quiet.due("queues"):
             stirs = quiet.stirs
             taken = self._claim_queues(fast, min(limit, free) - len(rows))
+            if taken:
+                self._in_limited_queues = {row[0] for row in taken}
             if taken is not None:
                 # Not tried (no queue of ours has a limit) is not empty: noted as empty, it made
                 # each empty claim of an idle worker two, the second to try the kind it skipped.
@@ -122,8 +132,11 @@ class Claimer:
         # is the one the job threads wait on: what can be, is looked up once per name.
         kinds: dict[str, tuple[Any, bool, bool]] = {}
         jobs, timed_jobs = [], []
+        in_limited_queues, self._in_limited_queues = self._in_limited_queues, set()
         for job_id, name, args, attempt, max_attempts, backend, unmarked, *rest in rows:
             job = Claimed(job_id, name, None, attempt, max_attempts, backend, args_json=args, unmarked=unmarked)
+            if in_limited_queues and job_id in in_limited_queues:
+                job.limited_queue = True
             kind = kinds.get(name)
             if kind is None:
                 function = registry.get(name)
@@ -187,7 +200,8 @@ class Claimer:
             options = self.options
             self._queue_claims[key] = QueueClaim(self.worker_id, names, options.backends, options.queues)
         try:
-            return self._queue_claims[key].claim(conn, limit)
+            quiet = self.quiet
+            return self._queue_claims[key].claim(conn, limit, quiet.news if quiet.heard_all else None)
         except psycopg.Error as error:
             self.db.failed("jobs of limited queues", error)
             return []
@@ -203,11 +217,32 @@ class Claimer:
         return self._statements[key]
 
     def next_run(self, names: list[str]) -> float:
-        """Seconds until the next of this worker's rows falls due (the poll interval at most)."""
+        """Seconds until the next of this worker's rows falls due (the poll interval at most).
+
+        Asked of the database again only when something was announced since (a NOTIFY, a
+        retry written: ``Quiet.news``), when the row it found falls due, or after
+        DUE_KEPT; not at every idle poll, where it was one of an idle worker's three
+        statements a second. A row made due sooner without a word (another worker's
+        retry) is claimed by the poll's claim, as it would be without this look.
+        """
         poll = self.options.poll_interval
         if not names and not self.options.backends:
             return poll
+        quiet, now = self.quiet, time.monotonic()
+        key = (tuple(names), quiet.news)  # read before the statement: news after it asks again
+        kept = self._due
+        if (
+            kept is not None
+            and quiet.heard_all
+            and kept[0] == key
+            and now - kept[1] < DUE_KEPT
+            and (kept[2] is None or kept[2] > now)
+        ):
+            return quiet.token_wait(poll if kept[2] is None else kept[2] - now)
+        self._due = None
         rows = self.db.execute(self.composed(sql.NEXT_RUN, names), {})
-        if not rows or rows[0][0] is None:
-            return self.quiet.token_wait(poll)
-        return self.quiet.token_wait(float(rows[0][0]))
+        if rows is None:
+            return quiet.token_wait(poll)
+        seconds = None if not rows or rows[0][0] is None else float(rows[0][0])
+        self._due = (key, now, None if seconds is None else now + seconds)
+        return quiet.token_wait(poll if seconds is None else seconds)

@@ -197,13 +197,15 @@ class Finisher:
         return {outcome.id}
 
     def _wake_limited(self, conn: psycopg.Connection[Any] | None, batch: list[Outcome]) -> bool:
-        """Rows with a concurrency limit finished: their slots are free, so wake idle workers (every host).
+        """Rows with a concurrency limit, or of a queue with a fleet-wide limit, finished: their slots are free,
+        so wake idle workers (every host).
 
         Not while this worker has a backlog: its own next claim comes at once, and a
         NOTIFY per finished batch would have every idle worker of the fleet claim in vain.
         Returns whether the batch held such rows.
         """
-        if not self.limited.concurrency_limited([outcome.name for outcome in batch]):
+        frees = any(outcome.frees_queue_slot for outcome in batch)
+        if not frees and not self.limited.concurrency_limited([outcome.name for outcome in batch]):
             return False
         self.quiet.stir()  # our own next claim may take the slots
         if conn is None or conn.closed or not self.listener.enabled:

@@ -144,6 +144,7 @@ class Ledger:
                 outcome.started = started if started is not None else kept or time.time()
             self._unwritten += 1
             self._pending.add(outcome.id)
+        outcome.frees_queue_slot = job.limited_queue
         self.outcomes.put(outcome)
 
     def release(self, job: Claimed, outcome: Outcome) -> None:
