@@ -189,10 +189,17 @@ def test_a_row_passed_over_while_locked_is_found_by_the_look_once_released() -> 
         holder.execute("ROLLBACK")
         claimer.settle()
         assert claimer.statement()[2] and claimer.claim(limit=100) == []  # behind the floor now
-        lookout = Lookout(SimpleNamespace(backends=[], queues=None), claimer.lanes, interval=10.0)
+        roused = []
+        lookout = Lookout(SimpleNamespace(backends=[], queues=None), claimer.lanes, 10.0, rouse=lambda: roused.append(1))
         assert lookout.due()
         lookout.look(beat, "10s")
-        assert [row[0] for row in claimer.claim(limit=100)] == [locked_id]
+        assert roused == [1]  # nothing else announces the row: an idle dispatcher is told
+        rows = claimer.claim(limit=100)
+        assert [row[0] for row in rows] == [locked_id]
+        claimer.finish(rows)
+        claimer.settle()
+        lookout.look(beat, "10s")
+        assert roused == [1]  # found nothing: no one is roused
 
 
 def test_one_look_finds_the_oldest_row_behind_a_gaps_floor_whatever_its_priority() -> None:

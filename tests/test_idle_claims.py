@@ -9,10 +9,12 @@ parent's end.
 
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from axa_django import Job, queues
 from axa_django.models import QueueLimit
@@ -52,7 +54,7 @@ def lines(log: Path) -> list[str]:
 def test_a_retry_written_by_the_finisher_runs_without_waiting_for_a_poll(workers, tmp_path) -> None:
     log = tmp_path / "log"
     start(workers)
-    jobs.flaky.perform_later(str(log))  # fails twice, backoff 0: queued again at once, no NOTIFY
+    jobs.flaky.perform_later(str(log))  # fails twice, backoff 0: queued again at once
     wait_for(lambda: len(lines(log)) == 3, timeout=PROMPT, what="the flaky job's three runs")
 
 
@@ -108,3 +110,24 @@ def test_a_limit_lifted_by_the_orm_hands_the_waiting_rows_to_an_idle_thread(work
     wait_for(lambda: dispatcher_idle_for(1.5), what="the dispatcher to wait for news")
     assert QueueLimit.objects.filter(queue="default").delete()[0] == 1
     wait_for(lambda: any(line.startswith("end waiter") for line in lines(log)), timeout=PROMPT, what="the waiter")
+
+
+def test_a_scheduled_job_moved_earlier_by_the_orm_runs_at_once(workers, tmp_path) -> None:
+    log = tmp_path / "log"
+    start(workers)
+    job = jobs.slow.using(delay=datetime.timedelta(hours=1)).perform_later(0, log=str(log), token="moved")
+    wait_for(lambda: dispatcher_idle_for(1.5), what="the dispatcher to wait for news")
+    Job.objects.filter(pk=job.pk).update(run_at=timezone.now())
+    wait_for(lambda: "end moved" in " ".join(lines(log)), timeout=PROMPT, what="the job moved earlier")
+
+
+def test_a_scheduled_job_moved_earlier_but_still_ahead_runs_when_due(workers, tmp_path) -> None:
+    # From an hour ahead to a second ahead: idle workers learn of it and wake when it falls
+    # due, not at their next poll.
+    log = tmp_path / "log"
+    start(workers)
+    job = jobs.slow.using(delay=datetime.timedelta(hours=1)).perform_later(0, log=str(log), token="sooner")
+    wait_for(lambda: dispatcher_idle_for(1.5), what="the dispatcher to wait for news")
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE axa_queue SET run_at = now() + interval '1 second' WHERE id = %s", [job.pk])
+    wait_for(lambda: "end sooner" in " ".join(lines(log)), timeout=PROMPT, what="the job when due")

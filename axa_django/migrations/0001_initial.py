@@ -71,19 +71,26 @@ ALTER TABLE axa_worker RESET (fillfactor);
 
 # A row queued with a run_at before its statement's time may lie behind the workers'
 # claim floors: say so (worker/lanes.py, Lanes.heard). Rows enqueued by perform_later or the
-# seed's ENQUEUE have run_at at or after that time and send nothing more.
+# seed's ENQUEUE have run_at at or after that time and send nothing more. A row queued
+# again, or moved earlier, by an UPDATE (a retry written by any worker or service, a job
+# rescheduled by the ORM) is announced either way: due later, idle workers learn when
+# (they ask for their next due row again on news, worker/claimer.py).
 BEHIND = """
 CREATE FUNCTION axa_queue_behind() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('axa_queue', 'ready:' || extract(epoch FROM NEW.run_at)::text);
+    IF NEW.run_at < statement_timestamp() THEN
+        PERFORM pg_notify('axa_queue', 'ready:' || extract(epoch FROM NEW.run_at)::text);
+    ELSE
+        PERFORM pg_notify('axa_queue', '');
+    END IF;
     RETURN NULL;
 END
 $$;
 CREATE TRIGGER axa_queue_behind_insert AFTER INSERT ON axa_queue FOR EACH ROW
     WHEN (NEW.status = 'queued' AND NEW.run_at < statement_timestamp())
     EXECUTE FUNCTION axa_queue_behind();
-CREATE TRIGGER axa_queue_behind_update AFTER UPDATE OF status ON axa_queue FOR EACH ROW
-    WHEN (NEW.status = 'queued' AND OLD.status <> 'queued' AND NEW.run_at < statement_timestamp())
+CREATE TRIGGER axa_queue_behind_update AFTER UPDATE OF status, run_at ON axa_queue FOR EACH ROW
+    WHEN (NEW.status = 'queued' AND (OLD.status <> 'queued' OR NEW.run_at < OLD.run_at))
     EXECUTE FUNCTION axa_queue_behind();
 """
 NOT_BEHIND = """

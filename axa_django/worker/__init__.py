@@ -117,7 +117,7 @@ class Worker:
         self.watchman = watchman = Watchman(options, worker_id, ledger)
         self.dispatcher = Dispatcher(options, worker_id, control, ledger, db, self.claimer, limited, quiet, watchman)
         self.finisher = Finisher(options, worker_id, control, ledger, limited, self.listener, quiet)
-        lookout = Lookout(options, lanes, options.housekeeping_interval)
+        lookout = Lookout(options, lanes, options.housekeeping_interval, rouse=lambda: _rouse(quiet, control))
         # A burst worker's dispatcher keeps the watchman's work (it may be gone before a beat).
         self.heartbeat = Heartbeat(options, worker_id, control, ledger, lookout, None if options.burst else watchman)
         self.signals = Signals(control)
@@ -296,3 +296,9 @@ class Worker:
             registered=registry.registry,
             every_name=options.names is None,
         )
+
+
+def _rouse(quiet: Quiet, control: Control) -> None:
+    """Rows became claimable that no notification announced: the dispatcher claims again at once (any thread)."""
+    quiet.stir()
+    control.wake.set()

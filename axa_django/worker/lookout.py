@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -29,8 +30,12 @@ YEAR_1, YEAR_10000 = -62135596800.0, 253402300800.0
 class Lookout:
     """Looks behind the floors the lanes show, at most every ``FULL_SCAN`` seconds, when asked."""
 
-    def __init__(self, options: Options, lanes: Lanes, interval: float) -> None:
-        self.options, self.lanes = options, lanes
+    def __init__(
+        self, options: Options, lanes: Lanes, interval: float, rouse: Callable[[], None] | None = None
+    ) -> None:
+        # ``rouse``: tells an idle dispatcher that rows wait behind its floors; nothing else
+        # announces them (rows passed over while a user's transaction held them, say).
+        self.options, self.lanes, self.rouse = options, lanes, rouse
         # A look covers the floors until the next one is due, with one missed look to spare.
         self.valid = 2 * max(FULL_SCAN, interval)
         self._next = 0.0
@@ -70,3 +75,5 @@ class Lookout:
                 when = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
             logger.debug("ready rows behind the lanes' floors, from %s: the claims walk from there", when or seconds)
         self.lanes.looked(when, started, self.valid)
+        if seconds is not None and self.rouse is not None:
+            self.rouse()
