@@ -190,7 +190,9 @@ def test_a_row_passed_over_while_locked_is_found_by_the_look_once_released() -> 
         claimer.settle()
         assert claimer.statement()[2] and claimer.claim(limit=100) == []  # behind the floor now
         roused = []
-        lookout = Lookout(SimpleNamespace(backends=[], queues=None), claimer.lanes, 10.0, rouse=lambda: roused.append(1))
+        lookout = Lookout(
+            SimpleNamespace(backends=[], queues=None), claimer.lanes, 10.0, rouse=lambda: roused.append(1)
+        )
         assert lookout.due()
         lookout.look(beat, "10s")
         assert roused == [1]  # nothing else announces the row: an idle dispatcher is told
