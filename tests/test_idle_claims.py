@@ -17,7 +17,7 @@ from django.db import connection
 from django.utils import timezone
 
 from axa_django import Job, queues
-from axa_django.models import QueueLimit
+from axa_django.models import QueueLimit, QueuePause, Worker
 from tests.conftest import AXA_APPS, wait_for
 from tests.testapp import flow_jobs, jobs, workflow_jobs
 
@@ -131,3 +131,14 @@ def test_a_scheduled_job_moved_earlier_but_still_ahead_runs_when_due(workers, tm
     with connection.cursor() as cursor:
         cursor.execute("UPDATE axa_queue SET run_at = now() + interval '1 second' WHERE id = %s", [job.pk])
     wait_for(lambda: "end sooner" in " ".join(lines(log)), timeout=PROMPT, what="the job when due")
+
+
+def test_a_queue_resumed_by_the_orm_hands_its_rows_to_an_idle_worker(workers, tmp_path) -> None:
+    log = tmp_path / "log"
+    queues.pause("default")
+    proc = workers.start("--concurrency", "1", env=workers.env(**SETTINGS))
+    jobs.slow.perform_later(0, log=str(log), token="resumed")  # waits in the paused queue
+    wait_for(lambda: Worker.objects.filter(pid=proc.pid).exists(), what="the worker to register")
+    wait_for(lambda: dispatcher_idle_for(1.5), what="the dispatcher to wait for news")
+    assert QueuePause.objects.filter(queue="default").delete()[0] == 1
+    wait_for(lambda: "end resumed" in " ".join(lines(log)), timeout=PROMPT, what="the job of the resumed queue")

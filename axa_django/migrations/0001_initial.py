@@ -32,23 +32,31 @@ DROP TRIGGER IF EXISTS axa_queue_notify ON axa_queue;
 DROP FUNCTION IF EXISTS axa_queue_notify();
 """
 
-# A queue's limit set, changed or lifted by any means (queues.set_limit, the ORM, psql)
-# wakes idle workers, which read the limits again on news (worker/queuelimits.py); a
-# limit lifted or changed hands rows back to the plain claim, which may have walked past
-# them (worker/lanes.py): 'rescan'.
-LIMITS_NOTIFY = """
-CREATE FUNCTION axa_queue_limit_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+# A queue's limit set, changed or lifted, or a queue resumed, by any means (queues.limit
+# and queues.resume, the ORM, psql) wakes idle workers, which read the limits again on
+# news (worker/queuelimits.py). A limit lifted or changed, or a queue resumed, hands rows
+# back to the plain claim, which may have walked past them (worker/lanes.py): 'rescan'.
+# A pause makes nothing claimable: it sends nothing.
+QUEUE_CONTROL_NOTIFY = """
+CREATE FUNCTION axa_queue_control_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('axa_queue', CASE WHEN TG_OP = 'INSERT' THEN '' ELSE 'rescan' END);
+    IF TG_OP <> 'INSERT' THEN
+        PERFORM pg_notify('axa_queue', 'rescan');
+    ELSIF TG_TABLE_NAME = 'axa_queue_limit' THEN
+        PERFORM pg_notify('axa_queue', '');
+    END IF;
     RETURN NULL;
 END
 $$;
 CREATE TRIGGER axa_queue_limit_notify AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON axa_queue_limit
-    FOR EACH STATEMENT EXECUTE FUNCTION axa_queue_limit_notify();
+    FOR EACH STATEMENT EXECUTE FUNCTION axa_queue_control_notify();
+CREATE TRIGGER axa_paused_queue_notify AFTER UPDATE OR DELETE OR TRUNCATE ON axa_paused_queue
+    FOR EACH STATEMENT EXECUTE FUNCTION axa_queue_control_notify();
 """
-DROP_LIMITS_NOTIFY = """
+DROP_QUEUE_CONTROL_NOTIFY = """
+DROP TRIGGER IF EXISTS axa_paused_queue_notify ON axa_paused_queue;
 DROP TRIGGER IF EXISTS axa_queue_limit_notify ON axa_queue_limit;
-DROP FUNCTION IF EXISTS axa_queue_limit_notify();
+DROP FUNCTION IF EXISTS axa_queue_control_notify();
 """
 
 # Every claim and finish rewrites the row: leave room on each page for HOT updates,
@@ -742,5 +750,5 @@ class Migration(migrations.Migration):
         migrations.RunSQL(FLOW_KEYS, DROP_FLOW_KEYS),
         migrations.RunSQL(HISTORY, DROP_HISTORY),
         migrations.RunSQL(REQUEUE, NO_REQUEUE),
-        migrations.RunSQL(LIMITS_NOTIFY, DROP_LIMITS_NOTIFY),
+        migrations.RunSQL(QUEUE_CONTROL_NOTIFY, DROP_QUEUE_CONTROL_NOTIFY),
     ]
