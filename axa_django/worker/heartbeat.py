@@ -80,11 +80,15 @@ class Heartbeat:
             try:
                 if conn is None or conn.closed:
                     conn = connect(self.options.using, "heartbeat")
-                with conn.transaction(), conn.cursor() as cursor:
-                    cursor.execute(sql.TIMEOUTS, {"statement": timeout, "lock": timeout})
-                    cursor.execute(sql.HEARTBEAT, {"worker": self.worker_id, "ids": self.ledger.ids()})
-                    alive, cancelled, _ = cursor.fetchone() or (1, [], None)
-                    if not alive:
+                # One round trip: an idle fleet's beats and housekeeping are most
+                # of what it asks of the database, and each BEGIN, SET and COMMIT was one more.
+                with conn.pipeline():
+                    conn.execute(sql.TIMEOUTS, {"statement": timeout, "lock": timeout})
+                    beat = conn.execute(sql.HEARTBEAT, {"worker": self.worker_id, "ids": self.ledger.ids()})
+                alive, cancelled, _ = beat.fetchone() or (1, [], None)
+                if not alive:
+                    with conn.transaction(), conn.cursor() as cursor:
+                        cursor.execute(sql.TIMEOUTS, {"statement": timeout, "lock": timeout})
                         self.rejoin(cursor)
             except refused.OUTAGE as error:
                 if not isinstance(error, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
@@ -158,12 +162,13 @@ class Heartbeat:
         if conn.closed or left is None:
             return None
         try:
-            with conn.transaction(), conn.cursor() as cursor:
-                cursor.execute(sql.TIMEOUTS, {"statement": left, "lock": left})
+            # A pipeline up to its Sync is one implicit transaction, sent in one round trip.
+            with conn.pipeline():
+                conn.execute(sql.TIMEOUTS, {"statement": left, "lock": left})
                 if in_place:
-                    cursor.execute(refused.IN_PLACE)
-                cursor.execute(query, params)
-                return cursor.fetchall() if cursor.description else []
+                    conn.execute(refused.IN_PLACE)
+                cursor = conn.execute(query, params)
+            return cursor.fetchall() if cursor.description else []
         except psycopg.Error as error:
             if refusable and not isinstance(error, refused.OUTAGE):
                 raise refused.Refused(error) from error
