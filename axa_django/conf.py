@@ -23,9 +23,6 @@ DEFAULTS: dict[str, Any] = {
     "DATABASE": "default",
     # Seconds an idle worker waits between polls when no notification arrives.
     "POLL_INTERVAL": 1.0,
-    # The same for a worker that hears NOTIFY (never less than POLL_INTERVAL): every change
-    # that makes a job claimable is announced, so its poll is only a safety net.
-    "NOTIFIED_POLL_INTERVAL": 10.0,
     # A running row claimed without a worker id (the seed's CLAIM) is rescued after this.
     "STALE_MINUTES": 60,
     # A worker whose heartbeat is older than this is dead and its jobs are rescued.
@@ -78,7 +75,6 @@ def _names(value: Any) -> bool:
 # key -> (predicate, what the value must be)
 RULES: dict[str, tuple[Any, str]] = {
     "POLL_INTERVAL": (_positive_number, "a positive number of seconds"),
-    "NOTIFIED_POLL_INTERVAL": (_positive_number, "a positive number of seconds"),
     "STALE_MINUTES": (_positive_int, "a positive whole number of minutes"),
     "LEASE_SECONDS": (_positive_number, "a positive number of seconds"),
     "MAX_ATTEMPTS": (_positive_int, "a positive whole number"),

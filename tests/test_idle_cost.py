@@ -25,8 +25,7 @@ POLL = 0.02
 
 
 @pytest.fixture
-def idle_worker(settings) -> Iterator[tuple[Worker, Any, Any]]:
-    settings.AXA_DJANGO = {**settings.AXA_DJANGO, "NOTIFIED_POLL_INTERVAL": POLL}  # many polls, soon
+def idle_worker() -> Iterator[tuple[Worker, Any, Any]]:
     worker = Worker(install_signals=False, concurrency=1, poll_interval=POLL)
     claims = counted(worker.claimer, "claim")
     statements = counted(worker.db, "execute", by_first_argument=True)
@@ -66,13 +65,3 @@ def test_limits_are_read_again_on_news_at_most_every_refresh_or_at_every_refresh
         assert claim.wanted(conn, news=1) is True  # news: read again
         queues.unlimit("default")
         assert claim.wanted(conn, news=None) is False  # a worker that hears nothing reads at every REFRESH
-
-
-def test_an_idle_worker_that_hears_notify_polls_at_the_notified_interval_one_that_does_not_at_poll_interval(
-    settings,
-) -> None:
-    settings.AXA_DJANGO = {**settings.AXA_DJANGO, "POLL_INTERVAL": 0.5, "NOTIFIED_POLL_INTERVAL": 7}
-    options = Worker(install_signals=False).options
-    assert (options.idle_poll(True), options.idle_poll(False)) == (7.0, 0.5)
-    settings.AXA_DJANGO = {**settings.AXA_DJANGO, "POLL_INTERVAL": 30}
-    assert Worker(install_signals=False).options.idle_poll(True) == 30.0  # never below POLL_INTERVAL

@@ -101,11 +101,6 @@ def run_checks():
             "AXA_DJANGO['POLL_INTERVAL'] is 0; it must be a positive number of seconds.",
         ),
         ({"POLL_INTERVAL": "1"}, "axa_django.E004", "AXA_DJANGO['POLL_INTERVAL'] is '1'; it must be a positive number"),
-        (
-            {"NOTIFIED_POLL_INTERVAL": -1},
-            "axa_django.E004",
-            "AXA_DJANGO['NOTIFIED_POLL_INTERVAL'] is -1; it must be a positive number of seconds.",
-        ),
         ({"LEASE_SECONDS": -5}, "axa_django.E004", "AXA_DJANGO['LEASE_SECONDS'] is -5"),
         (
             {"MAX_ATTEMPTS": 0},

@@ -217,7 +217,7 @@ class Claimer:
         return self._statements[key]
 
     def next_run(self, names: list[str]) -> float:
-        """Seconds until the next of this worker's rows falls due (its idle poll at most).
+        """Seconds until the next of this worker's rows falls due (the poll interval at most).
 
         Asked of the database again only when something was announced since (a NOTIFY, a
         retry written: ``Quiet.news``), when the row it found falls due, or after
@@ -225,10 +225,10 @@ class Claimer:
         statements a second. A row made due sooner without a word (another worker's
         retry) is claimed by the poll's claim, as it would be without this look.
         """
-        quiet, now = self.quiet, time.monotonic()
-        poll = self.options.idle_poll(quiet.heard_all)
+        poll = self.options.poll_interval
         if not names and not self.options.backends:
             return poll
+        quiet, now = self.quiet, time.monotonic()
         key = (tuple(names), quiet.news)  # read before the statement: news after it asks again
         kept = self._due
         if (

@@ -123,12 +123,10 @@ class Dispatcher:
                 if not jobs or (tried_all and self.quiet.heard_all and not options.burst):
                     # Fewer rows than asked for, every kind tried: none other is ready now. The
                     # worker claims again on news, when its next row falls due, or when it polls.
-                    # Its poll: a safety net while it hears every change (Options.idle_poll).
-                    poll = options.idle_poll(self.quiet.heard_all)
                     timeout = min(self.claimer.next_run(names), next_housekeeping - time.monotonic())
-                    idle = (news, time.monotonic() + min(timeout, poll))
+                    idle = (news, time.monotonic() + min(timeout, options.poll_interval))
                     if not jobs:
-                        self._wait(timeout, poll)
+                        self._wait(timeout)
 
     def _room(self, claimed_total: int, backlog: bool) -> int:
         """How many rows to claim now; 0 while threads are busy and enough rows wait for them.
@@ -177,10 +175,10 @@ class Dispatcher:
                 wake.wait(left)
         return idle
 
-    def _wait(self, timeout: float, poll: float | None = None) -> None:
+    def _wait(self, timeout: float) -> None:
         if self.ledger.has_starts():
             timeout = min(timeout, MARK_AFTER)
-        self.control.wake.wait(max(0.0, min(timeout, self.options.poll_interval if poll is None else poll)))
+        self.control.wake.wait(max(0.0, min(timeout, self.options.poll_interval)))
 
     def _mark_started(self) -> None:
         """Write started_at of claimed-ahead jobs running past MARK_AFTER: a lost worker then counts them a loss."""

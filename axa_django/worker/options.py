@@ -30,8 +30,6 @@ class Options:
     concurrency: int
     prefetch: int  # at most this many rows claimed and not yet started (0: claim for free threads only)
     poll_interval: float
-    # The poll of a worker that hears NOTIFY (Quiet.heard_all), at least poll_interval.
-    notified_poll_interval: float
     burst: bool
     max_jobs: int | None
     queues: list[str] | None
@@ -81,12 +79,10 @@ class Options:
         if not (isinstance(timeout_grace, int | float) and not isinstance(timeout_grace, bool) and timeout_grace >= 0):
             raise ValueError(f"timeout_grace must be a number of seconds >= 0, not {timeout_grace!r}")
         pooling = bool(conf.get("TRANSACTION_POOLING"))
-        poll = float(poll_interval or conf.get("POLL_INTERVAL"))
         return cls(
             concurrency=concurrency,
             prefetch=DEFAULT_PREFETCH if prefetch is None else prefetch,
-            poll_interval=poll,
-            notified_poll_interval=max(poll, float(conf.get("NOTIFIED_POLL_INTERVAL"))),
+            poll_interval=float(poll_interval or conf.get("POLL_INTERVAL")),
             burst=burst,
             max_jobs=max_jobs,
             queues=sorted({check_queue(queue) for queue in queues}) if queues else None,
@@ -103,10 +99,6 @@ class Options:
             pooling=pooling,
             notify=bool(conf.get("NOTIFY")) and not pooling,
         )
-
-    def idle_poll(self, heard_all: bool) -> float:
-        """Seconds an idle worker waits without news: ``notified_poll_interval`` while it hears every change."""
-        return self.notified_poll_interval if heard_all else self.poll_interval
 
     @property
     def housekeeping_interval(self) -> float:
