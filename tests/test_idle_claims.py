@@ -121,18 +121,6 @@ def test_a_scheduled_job_moved_earlier_by_the_orm_runs_at_once(workers, tmp_path
     wait_for(lambda: "end moved" in " ".join(lines(log)), timeout=PROMPT, what="the job moved earlier")
 
 
-def test_a_scheduled_job_moved_earlier_but_still_ahead_runs_when_due(workers, tmp_path) -> None:
-    # From an hour ahead to a second ahead: idle workers learn of it and wake when it falls
-    # due, not at their next poll.
-    log = tmp_path / "log"
-    start(workers)
-    job = jobs.slow.using(delay=datetime.timedelta(hours=1)).perform_later(0, log=str(log), token="sooner")
-    wait_for(lambda: dispatcher_idle_for(1.5), what="the dispatcher to wait for news")
-    with connection.cursor() as cursor:
-        cursor.execute("UPDATE axa_queue SET run_at = now() + interval '1 second' WHERE id = %s", [job.pk])
-    wait_for(lambda: "end sooner" in " ".join(lines(log)), timeout=PROMPT, what="the job when due")
-
-
 def test_a_queue_resumed_by_the_orm_hands_its_rows_to_an_idle_worker(workers, tmp_path) -> None:
     log = tmp_path / "log"
     queues.pause("default")

@@ -4,15 +4,19 @@ too (three statements a second a worker: 2.8% of a core for 32 idle workers)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
+from django.db import connection
 
 from axa_django import Job, queues
+from axa_django.models import QueuePause
 from axa_django.worker import Worker, connect, queuelimits
 from axa_django.worker.queuelimits import QueueClaim
 from tests.conftest import AXA_APPS, wait_for
@@ -65,3 +69,43 @@ def test_limits_are_read_again_on_news_at_most_every_refresh_or_at_every_refresh
         assert claim.wanted(conn, news=1) is True  # news: read again
         queues.unlimit("default")
         assert claim.wanted(conn, news=None) is False  # a worker that hears nothing reads at every REFRESH
+
+
+@contextlib.contextmanager
+def listening() -> Iterator[psycopg.Connection[Any]]:
+    with connect("default", "test listener") as conn:
+        conn.autocommit = True
+        conn.execute("LISTEN axa_queue")
+        yield conn
+
+
+def heard(conn: psycopg.Connection[Any]) -> list[str]:
+    """The payloads delivered so far (each statement below committed before this is read)."""
+    return [note.payload for note in conn.notifies(timeout=0.3, stop_after=1000)]
+
+
+def test_a_pause_says_nothing_a_limit_wakes_and_a_lift_or_resume_makes_workers_walk_from_the_start() -> None:
+    # 'rescan' makes every worker's next claim walk every lane from its start: only what
+    # hands rows back to the plain claim sends it (an upsert fires the UPDATE trigger too).
+    with listening() as conn:
+        queues.pause("reports")
+        assert heard(conn) == []
+        queues.limit("reports", 3)
+        queues.limit("reports", 4)
+        assert heard(conn) == ["", ""]
+        queues.unlimit("reports")
+        assert heard(conn) == ["rescan"]
+        QueuePause.objects.filter(queue="reports").delete()  # resumed by the ORM
+        assert heard(conn) == ["rescan"]
+
+
+def test_a_statement_moving_many_rows_earlier_sends_a_payload_per_second_not_per_row() -> None:
+    jobs.add.using(delay=datetime.timedelta(hours=1)).perform_later_many([{"a": n, "b": 0} for n in range(200)])
+    with listening() as conn:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE axa_queue SET run_at = now() - interval '10 seconds' + random() * interval '3 seconds' "
+                "WHERE status = 'queued'"
+            )
+        payloads = heard(conn)
+    assert 1 <= len(payloads) <= 4 and all(payload.startswith("ready:") for payload in payloads), payloads

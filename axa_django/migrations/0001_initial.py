@@ -34,15 +34,16 @@ DROP FUNCTION IF EXISTS axa_queue_notify();
 
 # A queue's limit set, changed or lifted, or a queue resumed, by any means (queues.limit
 # and queues.resume, the ORM, psql) wakes idle workers, which read the limits again on
-# news (worker/queuelimits.py). A limit lifted or changed, or a queue resumed, hands rows
-# back to the plain claim, which may have walked past them (worker/lanes.py): 'rescan'.
-# A pause makes nothing claimable: it sends nothing.
+# news (worker/queuelimits.py). A limit lifted, or a queue resumed, hands rows back to
+# the plain claim, which may have walked past them (worker/lanes.py): 'rescan', which
+# makes every worker's next claim walk from the start, so not for a limit set or changed
+# (an upsert fires the UPDATE trigger too), nor for a pause, which makes nothing claimable.
 QUEUE_CONTROL_NOTIFY = """
 CREATE FUNCTION axa_queue_control_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF TG_OP <> 'INSERT' THEN
+    IF TG_OP IN ('DELETE', 'TRUNCATE') THEN
         PERFORM pg_notify('axa_queue', 'rescan');
-    ELSIF TG_TABLE_NAME = 'axa_queue_limit' THEN
+    ELSE
         PERFORM pg_notify('axa_queue', '');
     END IF;
     RETURN NULL;
@@ -50,7 +51,7 @@ END
 $$;
 CREATE TRIGGER axa_queue_limit_notify AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON axa_queue_limit
     FOR EACH STATEMENT EXECUTE FUNCTION axa_queue_control_notify();
-CREATE TRIGGER axa_paused_queue_notify AFTER UPDATE OR DELETE OR TRUNCATE ON axa_paused_queue
+CREATE TRIGGER axa_paused_queue_notify AFTER DELETE OR TRUNCATE ON axa_paused_queue
     FOR EACH STATEMENT EXECUTE FUNCTION axa_queue_control_notify();
 """
 DROP_QUEUE_CONTROL_NOTIFY = """
@@ -78,19 +79,17 @@ ALTER TABLE axa_worker RESET (fillfactor);
 """
 
 # A row queued with a run_at before its statement's time may lie behind the workers'
-# claim floors: say so (worker/lanes.py, Lanes.heard). Rows enqueued by perform_later or the
-# seed's ENQUEUE have run_at at or after that time and send nothing more. A row queued
-# again, or moved earlier, by an UPDATE (a retry written by any worker or service, a job
-# rescheduled by the ORM) is announced either way: due later, idle workers learn when
-# (they ask for their next due row again on news, worker/claimer.py).
+# claim floors: say so (worker/lanes.py, Lanes.heard), whoever wrote it: an INSERT, an
+# UPDATE that queues it again (a rescue, a retry from the admin or the Rust service) or
+# moves it earlier (a job rescheduled to now by the ORM or psql). Rows enqueued by
+# perform_later or the seed's ENQUEUE have run_at at or after that time and send nothing
+# more. The time is whole seconds, earlier or equal: the workers walk from there, and
+# PostgreSQL sends a payload once per transaction, so a statement over many rows sends
+# one per second of their run_at, not one per row.
 BEHIND = """
 CREATE FUNCTION axa_queue_behind() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF NEW.run_at < statement_timestamp() THEN
-        PERFORM pg_notify('axa_queue', 'ready:' || extract(epoch FROM NEW.run_at)::text);
-    ELSE
-        PERFORM pg_notify('axa_queue', '');
-    END IF;
+    PERFORM pg_notify('axa_queue', 'ready:' || floor(extract(epoch FROM NEW.run_at))::text);
     RETURN NULL;
 END
 $$;
@@ -98,7 +97,8 @@ CREATE TRIGGER axa_queue_behind_insert AFTER INSERT ON axa_queue FOR EACH ROW
     WHEN (NEW.status = 'queued' AND NEW.run_at < statement_timestamp())
     EXECUTE FUNCTION axa_queue_behind();
 CREATE TRIGGER axa_queue_behind_update AFTER UPDATE OF status, run_at ON axa_queue FOR EACH ROW
-    WHEN (NEW.status = 'queued' AND (OLD.status <> 'queued' OR NEW.run_at < OLD.run_at))
+    WHEN (NEW.status = 'queued' AND (OLD.status <> 'queued' OR NEW.run_at < OLD.run_at)
+          AND NEW.run_at < statement_timestamp())
     EXECUTE FUNCTION axa_queue_behind();
 """
 NOT_BEHIND = """

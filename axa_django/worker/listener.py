@@ -55,6 +55,7 @@ class Listener:
                     conn.execute(f"LISTEN {CHANNEL}")
                     conn.execute(f"LISTEN {CANCEL_CHANNEL}")
                     self.listening.set()
+                    self.quiet.heard_all = self.enabled
                     self.quiet.stir()  # anything enqueued while we were deaf
                     control.wake.set()
                     self.lanes.lower(None)  # and rows made ready behind the floors meanwhile
@@ -74,6 +75,9 @@ class Listener:
                         self.quiet.stir()  # rows enqueued, or slots freed on another worker
                     control.wake.set()
             except refused.OUTAGE as error:
+                # Deaf until LISTEN runs again: what only a notification would say (a limit
+                # set, the next due row) is asked of the database at every poll meanwhile.
+                self.quiet.heard_all = False
                 logger.warning("listener lost the database (%s); reconnecting in %.1fs", error, delay)
                 close(conn)
                 conn = None
