@@ -258,3 +258,12 @@ def test_a_worker_connection_idle_in_a_transaction_is_ended_by_the_server_within
         wait_for(lockable, timeout=30, what="the server to end the idle transaction")
         with pytest.raises(psycopg.Error, match="idle-in-transaction timeout"):
             stuck.execute("SELECT 1")
+
+
+def test_runworker_freezes_what_it_loaded_out_of_the_garbage_collector(workers):
+    # A full collection walked everything Django and the job modules loaded (50-90 ms with
+    # the GIL held, every thread stalled): the pickup tail's outliers.
+    job = jobs.frozen_objects.perform_later()
+    assert workers.start("--burst").wait(timeout=60) == 0
+    job.refresh_from_db()
+    assert job.status == "completed" and job.result > 10_000, (job.status, job.result)

@@ -1,6 +1,7 @@
 """Jobs the test suite enqueues; workers in subprocesses find them through jobs.py discovery."""
 
 import asyncio
+import gc
 import os
 import threading
 import time
@@ -179,3 +180,9 @@ from . import (  # noqa: E402, F401
     workermistakes_jobs,
     workflow_jobs,
 )
+
+
+@background_job
+def frozen_objects() -> int:
+    """How many objects the process froze out of the garbage collector (runworker freezes what it loaded)."""
+    return gc.get_freeze_count()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 from typing import Any
@@ -165,6 +166,11 @@ class Command(BaseCommand):
         # Per-queue pools are workers of their own: each says what it holds and beats the file.
         for member in worker.workers if isinstance(worker, Pools) else [worker]:
             logging.getLogger("axa_django").info(start_line(member.concurrency, member.notify))
+        # What Django and the job modules loaded lives as long as the process: frozen out of
+        # the collector, a full collection no longer walks it (50-90 ms with the GIL held, every
+        # thread stalled: a pickup of 30-98 ms), only what the jobs made since.
+        gc.collect()
+        gc.freeze()
         try:
             code = reloading.serve(worker) if reload else worker.run()
         except (CannotConnect, NotMigrated, PoolerMisconfigured) as error:
