@@ -80,15 +80,11 @@ class Heartbeat:
             try:
                 if conn is None or conn.closed:
                     conn = connect(self.options.using, "heartbeat")
-                # One round trip: an idle fleet's beats and housekeeping are most
-                # of what it asks of the database, and each BEGIN, SET and COMMIT was one more.
-                with conn.pipeline():
-                    conn.execute(sql.TIMEOUTS, {"statement": timeout, "lock": timeout})
-                    beat = conn.execute(sql.HEARTBEAT, {"worker": self.worker_id, "ids": self.ledger.ids()})
-                alive, cancelled, _ = beat.fetchone() or (1, [], None)
-                if not alive:
-                    with conn.transaction(), conn.cursor() as cursor:
-                        cursor.execute(sql.TIMEOUTS, {"statement": timeout, "lock": timeout})
+                with conn.transaction(), conn.cursor() as cursor:
+                    cursor.execute(sql.TIMEOUTS, {"statement": timeout, "lock": timeout})
+                    cursor.execute(sql.HEARTBEAT, {"worker": self.worker_id, "ids": self.ledger.ids()})
+                    alive, cancelled, _ = cursor.fetchone() or (1, [], None)
+                    if not alive:
                         self.rejoin(cursor)
             except refused.OUTAGE as error:
                 if not isinstance(error, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
@@ -162,17 +158,18 @@ class Heartbeat:
         if conn.closed or left is None:
             return None
         try:
-            # A pipeline up to its Sync is one implicit transaction, sent in one round trip.
             # Prepared at once (unless prepared statements are off): run every few seconds by
             # every worker, the workflow sweep and the look for unhandled jobs were planned
-            # anew each time (2-3 ms of server CPU: most of what an idle worker cost it).
+            # anew each time (2-3 ms of server CPU: most of what an idle worker cost it). Not
+            # in a pipeline: a deferred constraint failing at its COMMIT (a user's foreign key)
+            # left psycopg's pipeline unusable ("cannot exit pipeline mode while busy").
             prepare = True if conn.prepare_threshold is not None else None
-            with conn.pipeline():
-                conn.execute(sql.TIMEOUTS, {"statement": left, "lock": left})
+            with conn.transaction(), conn.cursor() as cursor:
+                cursor.execute(sql.TIMEOUTS, {"statement": left, "lock": left})
                 if in_place:
-                    conn.execute(refused.IN_PLACE)
-                cursor = conn.execute(query, params, prepare=prepare)
-            return cursor.fetchall() if cursor.description else []
+                    cursor.execute(refused.IN_PLACE)
+                cursor.execute(query, params, prepare=prepare)
+                return cursor.fetchall() if cursor.description else []
         except psycopg.Error as error:
             if refusable and not isinstance(error, refused.OUTAGE):
                 raise refused.Refused(error) from error
