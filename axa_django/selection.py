@@ -18,12 +18,13 @@ LISTED = 50
 MOST_QUEUES = 1000
 
 # The queues of queued rows, by a loose index scan of axa_queue_claim_all_queue (queued said
-# as that index says it, models.py; one
-# descent per queue: a SELECT DISTINCT would read every queued row), and the queues
-# an operator paused or limited.
+# as that index says it, models.py, and "queue >= ''" for its "queue IS NOT NULL", which
+# PostgreSQL 17 and later drop from a query on a NOT NULL column; one descent per queue:
+# a SELECT DISTINCT would read every queued row), and the queues an operator paused or limited.
 TABLE_QUEUES = """
 WITH RECURSIVE queues AS (
-    (SELECT 1 AS n, queue FROM axa_queue WHERE status BETWEEN 'queued' AND 'queued' ORDER BY queue LIMIT 1)
+    (SELECT 1 AS n, queue FROM axa_queue WHERE status BETWEEN 'queued' AND 'queued' AND queue >= ''
+     ORDER BY queue LIMIT 1)
     UNION ALL
     SELECT p.n + 1, x.queue FROM queues p CROSS JOIN LATERAL (
         SELECT queue FROM axa_queue WHERE status BETWEEN 'queued' AND 'queued' AND queue > p.queue

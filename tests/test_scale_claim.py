@@ -345,11 +345,35 @@ def test_the_claims_keep_their_plan_on_every_small_table():
                     sql.compose(sql.CLAIM_FULL, [NAME, "other.job"], ["default"], queues),
                     sql.compose(sql.CLAIM_LANES, [NAME, "other.job"], ["default"], queues, lanes=lanes),
                 ):
+                    plan = generic(conn, query, params)
                     try:
-                        walks_use_claim_indexes(generic(conn, query, params))
+                        walks_use_claim_indexes(plan)
                     except AssertionError:
-                        wrong.append((finished, finished_backend, queued, queued_backend, emptied, queues))
-    assert not wrong, wrong
+                        wrong.append((finished, finished_backend, queued, queued_backend, emptied, queues, plan))
+    assert not wrong, [case[:-1] for case in wrong] + [wrong[0][-1] if wrong else ""]
+
+
+def test_an_all_queues_claim_keeps_its_index_on_fresh_indexes_under_statistics_of_many_priorities():
+    """Found by CI: statistics left by a queue of 20 priorities, then a TRUNCATE (every index fresh,
+    one page each): PostgreSQL 15 walked an all-queues claim over the queue index and sorted it."""
+    lanes = [5, 0]
+    params = {"worker": None, "limit": 16, "ahead": False, "floors": segment_floors(lanes)}
+    with connect("default", "planner") as conn:
+        conn.autocommit = True
+        conn.execute(
+            "INSERT INTO axa_queue (id, name, args, backend, priority) SELECT gen_random_uuid(), 'x', '{}', "
+            "CASE WHEN g % 2 = 0 THEN 'default' END, g % 20 FROM generate_series(1, 30000) AS g"
+        )
+        conn.execute("ANALYZE axa_queue")
+        conn.execute("TRUNCATE axa_queue CASCADE")
+        conn.execute("ANALYZE axa_queue")  # keeps the column statistics: it sampled no row
+        for query in (
+            sql.compose(sql.CLAIM_FULL, [NAME, "other.job"], ["default"], None),
+            sql.compose(sql.CLAIM_LANES, [NAME, "other.job"], ["default"], None, lanes=lanes),
+        ):
+            plan = generic(conn, query, params)
+            walks_use_claim_indexes(plan)
+            assert "axa_queue_claim_all_queue" not in plan, plan
 
 
 def test_lanes_stay_few_whatever_priorities_a_project_uses():

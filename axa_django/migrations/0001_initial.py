@@ -573,7 +573,7 @@ class Migration(migrations.Migration):
                 models.F("queue"),
                 models.OrderBy(models.F("priority"), descending=True),
                 models.F("run_at"),
-                condition=models.Q(("status__gte", "queued"), ("status__lte", "queued")),
+                condition=models.Q(("status__gte", "queued"), ("status__lte", "queued"), ("queue__isnull", False)),
                 name="axa_queue_claim_all_queue",
             ),
         ),

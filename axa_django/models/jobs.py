@@ -187,10 +187,17 @@ class Job(StaysPut):
             # of every name from the oldest, dead index entries included, and sorted them.
             # Serve the plain claim: every ready row, highest priority then oldest run_at,
             # walked in that order whatever names it holds (sql/claims.py), and per queue
-            # for a --queue worker.
+            # for a --queue worker. "queue IS NOT NULL" (true of every row) follows from a
+            # --queue walk's "queue = x" but not from an all-queues walk: with statistics
+            # left from many priorities and both indexes fresh (a TRUNCATE), PostgreSQL 15
+            # planned the all-queues walk over the queue index and sorted it.
             models.Index(models.F("priority").desc(), "run_at", name="axa_queue_claim_all", condition=QUEUED),
             models.Index(
-                "queue", models.F("priority").desc(), "run_at", name="axa_queue_claim_all_queue", condition=QUEUED
+                "queue",
+                models.F("priority").desc(),
+                "run_at",
+                name="axa_queue_claim_all_queue",
+                condition=QUEUED & models.Q(queue__isnull=False),
             ),
             # Serves the limited claims and the looks per name: per name, highest priority then
             # oldest run_at. "name IS NOT NULL" (true of every row) follows from any test of
