@@ -290,3 +290,41 @@ def test_the_seed_sql_leaves_no_second_row_for_a_referenced_job_finished_by_the_
     with pytest.raises(Exception, match="refapp_report_job_fk"), connection.cursor() as cursor:
         cursor.execute("UPDATE axa_queue SET status = 'completed', updated_at = now() WHERE id = %s", [job.pk])
     assert where(job.pk) == [("axa_queue", "running")]
+
+
+# -- a second row with a job's id (raw SQL: the ORM and the seed never write one) ------
+
+
+def copy_into_history(job_id: uuid.UUID) -> None:
+    """A completed copy of the row in the history, as save() racing the finish left one on 15e87c7."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO axa_history SELECT (q).* FROM (SELECT q FROM ONLY axa_queue q WHERE id = %s) AS s", [job_id]
+        )
+        cursor.execute("UPDATE axa_history SET status = 'completed', finished_at = now() WHERE id = %s", [job_id])
+
+
+def test_the_finisher_meets_an_id_already_in_the_history_and_finishes_every_other_job() -> None:
+    before = [jobs.add.perform_later(i) for i in range(10)]
+    twice = jobs.add.perform_later(100)
+    after = [jobs.add.perform_later(i) for i in range(10)]
+    copy_into_history(twice.pk)
+    burst()  # exits 0: on 15e87c7 the finisher thread died on the history's primary key (exit 1)
+    for job in [*before, *after]:
+        assert where(job.pk) == [("axa_history", "completed")]
+    assert ("axa_history", "completed") in where(twice.pk)
+
+
+def test_the_rescue_meets_an_id_already_in_the_history_and_every_other_lost_job_runs() -> None:
+    spent, others = uuid.uuid4(), [uuid.uuid4() for _ in range(5)]
+    with connection.cursor() as cursor:
+        for job_id, losses in [(spent, 2), *((other, 0) for other in others)]:
+            cursor.execute(
+                "INSERT INTO axa_queue (id, name, args, status, worker_id, started_at, attempts, losses) "
+                "VALUES (%s, %s, %s, 'running', %s, now(), 1, %s)",
+                [job_id, jobs.add.name, json.dumps({"a": 1}), uuid.uuid4(), losses],
+            )
+    copy_into_history(spent)
+    burst()  # the spent job's failure cannot move; the rescue goes row by row
+    for job_id in others:
+        assert where(job_id) == [("axa_history", "completed")]
