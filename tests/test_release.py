@@ -157,3 +157,9 @@ def test_the_wheel_installed_in_a_fresh_venv_runs_the_readme_first_job(fresh_ven
     finally:
         with psycopg.connect(database_url(), autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def test_the_performance_page_stays_a_page_for_users() -> None:
+    # Dated runs belong in benchmarks/HISTORY.md and results/; the page says what to expect.
+    lines = (ROOT / "docs" / "performance.md").read_text().count("\n")
+    assert lines < 300, f"docs/performance.md has {lines} lines: move dated figures to benchmarks/HISTORY.md"
