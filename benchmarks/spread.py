@@ -18,7 +18,8 @@ line is one drain:
 
 - ``names:NxR``: N names of R jobs each, priority 0, the default queue;
 - ``priorities:P``: one name, its jobs spread evenly over priorities 0..P-1;
-- ``queues:Q``: one name, spread over Q queues; an all-queues worker.
+- ``queues:Q``: one name, spread over Q queues; an all-queues worker, or with --per-queue
+  Q workers, one ``--new-queue qN`` each (--processes is then ignored for that shape).
 """
 
 from __future__ import annotations
@@ -95,7 +96,9 @@ class Watch(threading.Thread):
                 self.stop.wait(0.02)
 
 
-def drain(url: str, worker_args: list[str], processes: int, pg_pid: int, insert: str | None) -> dict[str, float]:
+def drain(
+    url: str, worker_args: list[str] | list[list[str]], processes: int, pg_pid: int, insert: str | None
+) -> dict[str, float]:
     """``processes`` workers on the rows: seconds from the first job's start to the last one's end,
     the workers' CPU and the server's, the jobs completed, lock waits per sample and the most
     connections seen. ``insert`` None: burst workers on the rows written, CPU over their whole run
@@ -103,9 +106,12 @@ def drain(url: str, worker_args: list[str], processes: int, pg_pid: int, insert:
     the rows written by ``insert``: CPU from its commit to the last job's end (then the workers stop)."""
     env = dict(os.environ, DATABASE_URL=url, PYTHONPATH=str(ROOT), BENCH_SPREAD_NAMES=str(NAMES))
     env["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
-    command = [sys.executable, "-m", "django", "runworker", *worker_args]
+    # One argument list for every process, or one list each (--per-queue).
+    each = worker_args if worker_args and isinstance(worker_args[0], list) else [worker_args] * processes
+    commands = [[sys.executable, "-m", "django", "runworker", *own] for own in each]
     watch = Watch(url)
-    procs = [subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True) for _ in range(processes)]
+    procs = [subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True) for command in commands]
+    processes = len(procs)
     if insert is not None:
         with connect(url) as conn:
             wait_until(
@@ -166,6 +172,11 @@ def main() -> None:
         help="start the workers (give --worker-args without --burst) on the empty table, then write the rows: "
         "CPU from then on, start-ups left out",
     )
+    parser.add_argument(
+        "--per-queue",
+        action="store_true",
+        help="queues:Q shapes: Q workers, each --new-queue qN (a queue still empty), instead of --processes",
+    )
     parser.add_argument("--pg-pid", type=int, default=0, help="the server's postmaster pid, for its CPU")
     parser.add_argument("--db", default="axa_bench_spread")
     args = parser.parse_args()
@@ -178,13 +189,19 @@ def main() -> None:
     print("   lock waits   connections")
     for _ in range(args.rounds):
         for shape in args.shapes.split(","):
-            for processes in (int(n) for n in args.processes.split(",")):
+            counts = [int(n) for n in args.processes.split(",")]
+            per_queue = args.per_queue and shape.startswith("queues:")
+            for processes in [int(shape.partition(":")[2])] if per_queue else counts:
                 fill(url, shape, args.jobs, now=not args.start_first)
                 insert = rows(shape, args.jobs)[0] if args.start_first else None
-                run = drain(url, shlex.split(args.worker_args), processes, pg_pid, insert)
+                worker_args: list[str] | list[list[str]] = shlex.split(args.worker_args)
+                if per_queue:
+                    worker_args = [[*shlex.split(args.worker_args), "--new-queue", f"q{n}"] for n in range(processes)]
+                run = drain(url, worker_args, processes, pg_pid, insert)
                 done = run["completed"]
+                label = f"{shape} per queue" if per_queue else shape
                 print(
-                    f"{shape:<20} {processes:>9} {done:>7} {done / run['elapsed']:>10.0f} "
+                    f"{label:<20} {processes:>9} {done:>7} {done / run['elapsed']:>10.0f} "
                     f"{run['worker_cpu'] / done * 1000:>15.4f} {run['pg_cpu'] / done * 1000:>19.4f} "
                     f"{run['lock_waits']:>12.2f} {run['connections']:>13}",
                     flush=True,
