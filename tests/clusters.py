@@ -127,6 +127,24 @@ class Cluster:
         )
         return self
 
+    def stop_receiving(self) -> None:
+        """This standby receives no more WAL (as one lagging behind, or cut off): what it has now is all it gets."""
+        with self.connect("postgres") as conn:
+            conn.execute("ALTER SYSTEM SET primary_conninfo = ''")  # the walreceiver stops at the reload
+            conn.execute("SELECT pg_reload_conf()")
+
+        def settled() -> bool:
+            # Replay stops short of the received end (a record cut at a page's end): its
+            # startup process, waiting to retry the sources, has replayed all it can.
+            with self.connect("postgres") as conn:
+                row = conn.execute(
+                    "SELECT NOT EXISTS (SELECT FROM pg_stat_wal_receiver), EXISTS (SELECT FROM pg_stat_activity "
+                    "WHERE backend_type = 'startup' AND wait_event = 'RecoveryRetrieveRetryInterval')"
+                ).fetchone()
+            return row is not None and bool(row[0]) and bool(row[1])
+
+        wait_for(settled, timeout=30, what=f"{self.name} to stop receiving and replay what it received")
+
     def url(self, dbname: str = "axa_ha") -> str:
         return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{dbname}"
 
