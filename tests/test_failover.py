@@ -91,22 +91,23 @@ class HA:
         index = next(i for i, (p, _) in enumerate(self.procs) if p is proc)
         return (self.root / f"worker{index}.log").read_text()
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         for proc, out in self.procs:
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=30)
             out.close()
-            # pytest shows it when the test failed
-            print(f"-- the last lines of worker {proc.pid} (exit {proc.returncode}):", self.output(proc)[-3000:])
+            if failed:  # pytest shows it with the failure
+                print(f"-- the last lines of worker {proc.pid} (exit {proc.returncode}):", self.output(proc)[-3000:])
         clusters.remove(self.root, self.clusters)
 
 
 @pytest.fixture
-def ha() -> Iterator[HA]:
+def ha(request: pytest.FixtureRequest) -> Iterator[HA]:
     setup = HA(clusters.workspace())
+    failures = request.session.testsfailed
     yield setup
-    setup.close()
+    setup.close(failed=request.session.testsfailed > failures)  # the call's report is counted before teardown
 
 
 def streaming(primary: clusters.Cluster, sync: bool = False) -> bool:
@@ -178,7 +179,8 @@ def drained(
 
     ``enqueued`` jobs were acknowledged (tokens 0..enqueued-1) and each ran at least once;
     those of ``lost`` never reached ``cluster``, every other one is on it. ``stopped``: the
-    wall-clock time of the stop, against which the rows' ``finished_at`` are read.
+    wall-clock time once the server was gone (its ``pg_ctl stop`` returned), against which
+    the rows' ``finished_at`` are read (one host, one clock).
     """
     kept = enqueued - len(lost)
     try:
@@ -220,8 +222,8 @@ def test_a_crash_of_the_server_mid_drain_strands_no_job(ha: HA, tmp_path: Path) 
     enqueue(primary, 0, total, log)
     procs = [ha.worker(primary.url(), "--concurrency", "4") for _ in range(3)]
     wait_for(lambda: statuses(primary).get("completed", 0) >= total // 5, timeout=120, what="a fifth done")
-    crashed = time.time()
     primary.stop("immediate")
+    crashed = time.time()  # the server is gone: what finished after this was written after the crash
     primary.start()
     drained(primary, total, log, crashed, "crash", timeout=120)
     stop_workers(ha, procs)
@@ -245,8 +247,8 @@ def test_a_failover_to_the_promoted_standby_strands_and_loses_no_job(ha: HA, tmp
     if sync:
         enqueue(primary, total, late, log)  # acknowledged by the synchronous standby
         total += late
-    failed_at = time.time()
     primary.stop("immediate")
+    failed_at = time.time()
     standby.promote()
     mode = "synchronous" if sync else "asynchronous"
     ran = drained(standby, total, log, failed_at, f"failover ({mode}) to the promoted standby", timeout=150)
@@ -277,8 +279,8 @@ def test_asynchronous_replication_loses_the_enqueues_and_reruns_the_outcomes_the
     # behind its floors (worker/lanes.py), up to 30 s.
     enqueue(primary, total, late, log, later=3600)
     wait_for(lambda: statuses(primary) == {"completed": total, "queued": late}, timeout=60, what="the drain done")
-    failed_at = time.time()
     primary.stop("immediate")
+    failed_at = time.time()
     standby.promote()
     ran = drained(
         standby,
