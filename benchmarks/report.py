@@ -21,6 +21,7 @@ ROWS = [
     ("latency", "p50_ms", "pickup latency p50", "ms", False),
     ("latency", "p95_ms", "pickup latency p95", "ms", False),
     ("latency", "p99_ms", "pickup latency p99", "ms", False),
+    ("latency", "max_ms", "pickup latency, slowest of a round", "ms", False),
 ]
 WORKERS = {
     "axa": "runworker (defaults: --concurrency 4, NOTIFY wake-up)",

@@ -182,6 +182,8 @@ def run_phase(args: argparse.Namespace, runner: Runner, phase: str) -> dict[str,
 def describe(phase: str, tool: str, result: dict[str, Any]) -> str:
     if phase == "latency":
         main = f"p50 {result['p50_ms']:.2f} ms, p95 {result['p95_ms']:.2f}, p99 {result['p99_ms']:.2f}"
+        if "max_ms" in result:
+            main += f", max {result['max_ms']:.2f}"
     else:
         main = f"{result['per_s']:,.0f} jobs/s"
     extras = [f"{k}={v:.3g}" for k, v in result.items() if isinstance(v, float) and k not in ("per_s",)]
