@@ -298,13 +298,22 @@ def test_asynchronous_replication_loses_the_enqueues_and_reruns_the_outcomes_the
     stop_workers(ha, procs)
 
 
-def test_a_worker_on_a_standby_says_so_waits_and_works_once_it_is_promoted(ha: HA, tmp_path: Path) -> None:
-    total = 100
+def read_only(cluster: clusters.Cluster, on: bool) -> None:
+    """Turn the whole server read-only, its open sessions too (as a managed service whose disk fills), or back."""
+    writable = "-c default_transaction_read_only=off"  # this session writes whatever the server says
+    with psycopg.connect(cluster.url("postgres"), autocommit=True, connect_timeout=5, options=writable) as conn:
+        conn.execute(f"ALTER SYSTEM SET default_transaction_read_only = {'on' if on else 'off'}")
+        conn.execute("SELECT pg_reload_conf()")
+
+
+def test_a_worker_on_a_read_only_server_says_so_waits_and_works_once_it_takes_writes(ha: HA, tmp_path: Path) -> None:
+    total, late = 100, 4
     log = tmp_path / "runs.log"
     log.touch()
     primary = ha.primary()
     enqueue(primary, 0, total, log)
     standby = ha.standby(primary)
+    # A standby: its connections are refused at once.
     proc = ha.worker(standby.url(), "--concurrency", "2")
     said = "is read-only (a standby, or default_transaction_read_only is on)"
     wait_for(lambda: ha.output(proc).count(said) >= 3, timeout=60, what="the worker saying so, again and again")
@@ -314,34 +323,19 @@ def test_a_worker_on_a_standby_says_so_waits_and_works_once_it_is_promoted(ha: H
     standby.promote()
     wait_for(lambda: all_completed(standby, total), timeout=90, what="the jobs done once promoted")
     assert set(runs(log)) == {str(i) for i in range(total)}
-    stop_workers(ha, [proc])
-
-
-def read_only(cluster: clusters.Cluster, on: bool) -> None:
-    """Turn the whole server read-only, its open sessions too (as a managed service whose disk fills), or back."""
-    writable = "-c default_transaction_read_only=off"  # this session writes whatever the server says
-    with psycopg.connect(cluster.url("postgres"), autocommit=True, connect_timeout=5, options=writable) as conn:
-        conn.execute(f"ALTER SYSTEM SET default_transaction_read_only = {'on' if on else 'off'}")
-        conn.execute("SELECT pg_reload_conf()")
-
-
-def test_a_server_turned_read_only_under_a_working_worker_is_waited_out(ha: HA, tmp_path: Path) -> None:
-    total = 4
-    log = tmp_path / "runs.log"
-    log.touch()
-    primary = ha.primary()
-    enqueue(primary, 0, total, log, seconds=0.5)
-    proc = ha.worker(primary.url(), "--concurrency", "2")
-    wait_for(lambda: len(runs(log)) >= 2, timeout=60, what="two jobs done, the other two claimed")
-    read_only(primary, True)  # the worker's next writes fail: the running jobs' outcomes, the heartbeat
-    said = "is read-only (a standby, or default_transaction_read_only is on)"
-    wait_for(lambda: ha.output(proc).count(said) >= 2, timeout=30, what="the worker saying so, again")
-    assert "read-only transaction" in ha.output(proc)  # a write of an open session refused first
+    # The server turned read-only under the working worker, its open sessions too: their
+    # next writes (the running jobs' outcomes, a beat, a claim) are refused mid-session.
+    enqueue(standby, total, late, log, seconds=0.5)
+    wait_for(lambda: len(runs(log)) >= total + 2, timeout=60, what="two jobs done, the other two claimed")
+    output = len(ha.output(proc))
+    read_only(standby, True)
+    wait_for(lambda: ha.output(proc)[output:].count(said) >= 2, timeout=30, what="the worker saying so, again")
+    assert "read-only transaction" in ha.output(proc)[output:]  # a write of an open session refused first
     assert proc.poll() is None, ha.output(proc)
-    assert "failed" not in statuses(primary)
-    read_only(primary, False)
-    wait_for(lambda: all_completed(primary, total), timeout=30, what="every job done once writes are allowed")
-    assert runs(log) == Counter({str(i): 1 for i in range(total)})  # each outcome written once, none run again
+    assert "failed" not in statuses(standby)
+    read_only(standby, False)
+    wait_for(lambda: all_completed(standby, total + late), timeout=30, what="every job done once writes are allowed")
+    assert runs(log) == Counter({str(i): 1 for i in range(total + late)})  # each outcome written once, none rerun
     stop_workers(ha, [proc])
 
 
