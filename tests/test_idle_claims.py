@@ -130,3 +130,33 @@ def test_a_queue_resumed_by_the_orm_hands_its_rows_to_an_idle_worker(workers, tm
     wait_for(lambda: dispatcher_idle_for(1.5), what="the dispatcher to wait for news")
     assert QueuePause.objects.filter(queue="default").delete()[0] == 1
     wait_for(lambda: "end resumed" in " ".join(lines(log)), timeout=PROMPT, what="the job of the resumed queue")
+
+
+def test_rows_behind_the_floors_on_a_new_connection_are_claimed_without_waiting_for_the_look(workers) -> None:
+    # After a crash or a failover the rows queued again (the reconcile, the rescue) are older
+    # than every floor learnt on the server before, and their notifications can go before the
+    # listener is back: here, rows written without triggers, and the dispatcher's connection cut.
+    proc = workers.start("--concurrency", "1", "--prefetch", "0", env=workers.env(**SETTINGS))
+    jobs.add.perform_later(1)  # the floors learn this row's run_at
+    wait_for(lambda: Job.objects.filter(status="completed").count() == 1, what="the worker to start")
+    wait_for(lambda: dispatcher_idle_for(1.5), what="the dispatcher to wait for news")
+    with connection.cursor() as cursor:
+        cursor.execute("SET session_replication_role = replica")  # no trigger: no NOTIFY
+        cursor.execute(
+            "INSERT INTO axa_queue (id, name, args, run_at) SELECT gen_random_uuid(), %s, '{\"a\": 1}', "
+            "now() - interval '1 hour' FROM generate_series(1, 20)",
+            [jobs.add.name],
+        )
+        cursor.execute("SET session_replication_role = DEFAULT")
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = 'axa_django dispatcher'"
+        )
+        assert cursor.fetchone()[0] == 1
+    jobs.add.perform_later(2)  # wakes the dispatcher: its claim fails, it reconnects
+    # One row a claim (--prefetch 0): on the floors learnt before, all but the first
+    # waited for the look, 30 s at this lease.
+    wait_for(
+        lambda: Job.objects.filter(status="completed").count() == 22, timeout=PROMPT, what="every row behind the floors"
+    )
+    assert proc.poll() is None

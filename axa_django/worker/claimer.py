@@ -55,6 +55,7 @@ class Claimer:
         self._in_limited_queues: set[uuid.UUID] = set()
         # The last NEXT_RUN: ((names, Quiet.news then), when asked, when its row falls due), monotonic.
         self._due: tuple[tuple[tuple[str, ...], int], float, float | None] | None = None
+        self._opened = db.opened  # the dispatcher's connections the lanes were learnt on
 
     def claim(self, names: list[str], limit: int, ahead: bool = False) -> list[Claimed] | None:
         """Claim and hold up to ``limit`` rows; ``ahead``: more than there are free threads, started_at left for later.
@@ -183,7 +184,12 @@ class Claimer:
             return None
         claimed = [row[:12] for row in rows if row[0] is not None]
         snap = next((row[12:] for row in rows if row[0] is None), None)
-        if snap is not None:
+        if self.db.opened != self._opened:
+            # This claim ran on a new connection: what the lanes learnt came from the server
+            # before it, and this claim may have walked from those floors. The next walks in full.
+            self._opened = self.db.opened
+            lanes.reset()
+        elif snap is not None:
             lanes.learn(claimed, snap, full=not bounded, exhausted=len(claimed) < limit)
         return claimed
 

@@ -134,6 +134,9 @@ class DispatcherConnection:
         self._conn: psycopg.Connection[Any] | None = None
         self._failing_since: float | None = None
         self._lost_at: float | None = None  # when the connection was lost, until another is open
+        # Connections opened so far: a new one may reach another server (a crash, a failover)
+        # whose rows are not where what was learnt on the old one says (worker/lanes.py).
+        self.opened = 0
 
     def open_first(self) -> bool:
         """Connect, waiting for a server that is not up yet; False if stopped first, CannotConnect if refused."""
@@ -145,6 +148,7 @@ class DispatcherConnection:
         while True:  # at least one try, so that a worker stopped at once still starts and stops cleanly
             try:
                 self._conn = connect(self.options.using, "dispatcher")
+                self.opened += 1
                 return True
             except psycopg.OperationalError as error:
                 if self.control.stopping.is_set():
@@ -179,7 +183,9 @@ class DispatcherConnection:
         delay = 0.1
         while not self.control.aborting.is_set():
             try:
-                return connect(self.options.using, "dispatcher")
+                conn = connect(self.options.using, "dispatcher")
+                self.opened += 1
+                return conn
             except psycopg.OperationalError as error:
                 if self.control.stopping.is_set() and (not self.ledger.held() or self._grace_over()):
                     return None  # past the grace period, jobs held stay running under us for the rescue

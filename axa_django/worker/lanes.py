@@ -234,6 +234,19 @@ class Lanes:
         self._next_full = self._looked_until = 0.0
         self._forced_at = time.monotonic()
 
+    def reset(self) -> None:
+        """Start again from nothing: the claims now reach a server that may not hold what the floors
+        were learnt on (a crash lost the newest rows, a failover promoted a standby that lagged; rows
+        the reconcile and the rescue queued again are behind every front, and their notifications
+        may have gone before the listener was back)."""
+        self.fronts.clear()
+        self._swept = None
+        self._xmax.clear()
+        self._at.clear()
+        self._cap = None
+        self.shown = ((), (), ())
+        self.forget()
+
 
 def literal(floors: Sequence[datetime.datetime | None]) -> str:
     """Floors as a PostgreSQL array literal of timestamptz, '-infinity' for None (from the start)."""
