@@ -274,9 +274,7 @@ def test_asynchronous_replication_loses_the_enqueues_and_reruns_the_outcomes_the
     wait_for(lambda: tokens(standby, "completed"), timeout=60, what="outcomes on the standby")
     standby.stop_receiving()  # the primary goes on alone, as ahead of a lagging standby
     reached = tokens(standby, "completed")  # the outcomes the standby has
-    # Acknowledged by the primary alone. Due later: a worker that claimed rows newer than
-    # the standby's queued ones walked from there after the failover until its next look
-    # behind its floors (worker/lanes.py), up to 30 s.
+    # Acknowledged by the primary alone, and due later: they stay queued there until it dies.
     enqueue(primary, total, late, log, later=3600)
     wait_for(lambda: statuses(primary) == {"completed": total, "queued": late}, timeout=60, what="the drain done")
     primary.stop("immediate")
