@@ -13,15 +13,17 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Count
 
 from axa_django import Job
+from axa_django.execution import dberrors
 from axa_django.worker import Worker
 from tests.conftest import AXA_APPS, wait_for
-from tests.testapp.jobs import trace
+from tests.testapp.jobs import trace, write_nothing
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
@@ -72,3 +74,40 @@ def test_a_worker_started_on_a_read_only_database_says_so_waits_and_works_once_w
         thread.join(30)
     assert codes == [0], caplog.text
     assert sorted(Path(log_file).read_text().split()[::2]) == [str(i) for i in range(total)]  # each ran once
+
+
+def test_a_jobs_write_refused_by_a_read_only_server_is_lost_to_the_database_not_failed(
+    read_only: Callable[[bool], None], log_file: str, settings: Any
+) -> None:
+    settings.AXA_DJANGO = {**settings.AXA_DJANGO, "MAX_LOSSES": 1000}  # lost until writes are back
+    worker = Worker(install_signals=False, concurrency=1, poll_interval=0.2)
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(worker.run()), name="worker", daemon=True)
+    thread.start()
+    try:
+        trace.perform_later(token="warm", log=log_file)  # no query of its own: its outcome opens the finisher's
+        wait_for(lambda: Job.objects.filter(status="completed").exists(), what="the worker's connections opened")
+        read_only(True)  # new sessions only: the job thread's, opened at its first query
+        job = write_nothing.perform_later(token="written", log=log_file)
+        wait_for(lambda: Job.objects.get(pk=job.pk).losses >= 2, what="the refused write lost, twice")
+        assert Job.objects.get(pk=job.pk).status != "failed"  # on the code before: failed, its one attempt spent
+        read_only(False)  # a lost job's thread drops a connection to a read-only server: the next one writes
+        wait_for(lambda: Job.objects.get(pk=job.pk).status == "completed", what="the write once allowed")
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert codes == [0]
+    assert Path(log_file).read_text().split()[2:] == ["written"]
+
+
+def test_a_write_refused_in_a_transaction_the_job_made_read_only_is_the_jobs_own_error() -> None:
+    # The server takes writes: the refusal is the job's (it set its transaction read-only), an attempt spent.
+    error = None
+    with pytest.raises(DatabaseError), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET TRANSACTION READ ONLY")
+        try:
+            cursor.execute("DELETE FROM django_migrations WHERE false")
+        except DatabaseError as refused:
+            error = refused
+            raise
+    assert error is not None and not dberrors.database_lost(error)

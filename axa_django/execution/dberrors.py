@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from typing import Any
 
 import psycopg
 from django.db import InterfaceError, OperationalError, connections
@@ -62,6 +63,21 @@ _CONNECTION_ERRORS = (OperationalError, InterfaceError, psycopg.OperationalError
 _GONE = ("57P01", "57P02", "57P03")
 
 
+# A write refused in a read-only transaction: the job's own error (it set its transaction
+# read-only), unless the server says every session is (a standby, default_transaction_read_only).
+_READ_ONLY_WRITE = "25006"
+
+
+def _on_read_only_server(connection: Any) -> bool:
+    """Whether the server reports this Django connection's sessions read-only (PostgreSQL 14+ reports
+    both settings to the client as they change, so no query is needed on a connection in any state)."""
+    raw = connection.connection
+    info = getattr(raw, "info", None)
+    if raw is None or getattr(raw, "closed", True) or info is None:
+        return False
+    return "on" in (info.parameter_status("in_hot_standby"), info.parameter_status("default_transaction_read_only"))
+
+
 def database_lost(error: BaseException) -> bool:
     """Whether ``error`` is the database going away under the job, not the job's own failure.
 
@@ -70,12 +86,15 @@ def database_lost(error: BaseException) -> bool:
     one of this thread's Django connections must be broken now. A statement_timeout, a
     deadlock or a lock timeout raise OperationalError too, on a connection that still
     works, and are the job's; so are refused credentials and a database that does not exist.
+    A write refused as read-only is lost too when the server now takes no writes at all
+    (a failover reached a standby, or the server was turned read-only under the job).
     """
-    found = False
+    found = read_only = False
     seen: set[int] = set()
     cause: BaseException | None = error
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
+        read_only = read_only or getattr(cause, "sqlstate", None) == _READ_ONLY_WRITE
         if isinstance(cause, _CONNECTION_ERRORS):
             found = True
             if isinstance(cause, psycopg.OperationalError) and not refused(cause):
@@ -83,6 +102,8 @@ def database_lost(error: BaseException) -> bool:
                 if code is None or code.startswith("08") or code in _GONE:
                     return True
         cause = cause.__cause__ or cause.__context__
+    if read_only and any(_on_read_only_server(c) for c in connections.all(initialized_only=True)):
+        return True
     if not found:
         return False
     for connection in connections.all(initialized_only=True):
@@ -97,11 +118,12 @@ def check_connections() -> list[str]:
 
     Run by a job thread before its next job once the worker has seen an outage: a
     connection the server dropped meanwhile (a restart ends every session) would fail
-    that job at its first query, and the job would run again as lost.
+    that job at its first query, and the job would run again as lost. So would one whose
+    server takes no writes now: a new connection may reach the one that does.
     """
     closed = []
     for connection in connections.all(initialized_only=True):
-        if connection.connection is not None and not connection.is_usable():
+        if connection.connection is not None and (_on_read_only_server(connection) or not connection.is_usable()):
             # Django drops the connection even when closing it raises: the next job opens another.
             with contextlib.suppress(Exception):
                 connection.close()

@@ -7,6 +7,8 @@ import threading
 import time
 from pathlib import Path
 
+from django.db import connection
+
 from axa_django import JobCancelled, JobContext, background_job
 
 
@@ -72,6 +74,14 @@ def trace(token: str, log: str, seconds: float = 0.0) -> None:
     """Run for a while, then log token and pid: who ran what, for the chaos tests."""
     time.sleep(seconds)
     _mark(log, f"{token} {os.getpid()}")
+
+
+@background_job
+def write_nothing(token: str, log: str) -> None:
+    """A write a read-only server refuses, changing nothing; then log token."""
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM django_migrations WHERE false")
+    _mark(log, token)
 
 
 @background_job(unique=lambda user_id: f"user:{user_id}")
