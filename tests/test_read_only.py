@@ -10,16 +10,17 @@ tests/test_failover.py's, on a private cluster: that takes ``ALTER SYSTEM``.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.db.models import Count
 
-from axa_django import Job
+from axa_django import Job, background_job
 from axa_django.execution import dberrors
 from axa_django.worker import Worker
 from tests.conftest import AXA_APPS, wait_for
@@ -77,7 +78,7 @@ def test_a_worker_started_on_a_read_only_database_says_so_waits_and_works_once_w
 
 
 def test_a_jobs_write_refused_by_a_read_only_server_is_lost_to_the_database_not_failed(
-    read_only: Callable[[bool], None], log_file: str, settings: Any
+    read_only: Callable[[bool], None], log_file: str, settings: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings.AXA_DJANGO = {**settings.AXA_DJANGO, "MAX_LOSSES": 1000}  # lost until writes are back
     worker = Worker(install_signals=False, concurrency=1, poll_interval=0.2)
@@ -98,16 +99,86 @@ def test_a_jobs_write_refused_by_a_read_only_server_is_lost_to_the_database_not_
         thread.join(30)
     assert codes == [0]
     assert Path(log_file).read_text().split()[2:] == ["written"]
+    assert "queued again without using an attempt" in caplog.text
+    assert "could not be written before the stop" not in caplog.text  # said of every loss, the review found
 
 
-def test_a_write_refused_in_a_transaction_the_job_made_read_only_is_the_jobs_own_error() -> None:
-    # The server takes writes: the refusal is the job's (it set its transaction read-only), an attempt spent.
-    error = None
-    with pytest.raises(DatabaseError), transaction.atomic(), connection.cursor() as cursor:
+def add_alias(alias: str, **options: str) -> None:
+    """A second DATABASES alias on this test's database, with these connection OPTIONS."""
+    settings = copy.deepcopy(connections.settings["default"])
+    settings.setdefault("OPTIONS", {}).update(options)
+    connections.settings[alias] = settings
+
+
+def use(alias: str) -> Any:
+    """connections[alias], connected (the test case refuses a first query on an alias it does not list)."""
+    if connections[alias].connection is None:
+        connections[alias].connect()
+    return connections[alias]
+
+
+@pytest.fixture
+def reports() -> Iterator[str]:
+    """An alias read-only by design (a reporting role, a replica's user): writes refused, the server writable."""
+    add_alias("reports", options="-c default_transaction_read_only=on")
+    yield "reports"
+    for each in connections.all(initialized_only=True):
+        if each.alias == "reports":
+            each.close()
+    connections.settings.pop("reports", None)
+
+
+def own_read_only_error() -> DatabaseError:
+    """A write in a transaction the job made read-only, on a writable server."""
+    with pytest.raises(DatabaseError) as caught, transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET TRANSACTION READ ONLY")
-        try:
-            cursor.execute("DELETE FROM django_migrations WHERE false")
-        except DatabaseError as refused:
-            error = refused
-            raise
-    assert error is not None and not dberrors.database_lost(error)
+        cursor.execute("DELETE FROM django_migrations WHERE false")
+    return caught.value
+
+
+def test_writes_refused_by_the_job_or_the_project_stay_the_jobs_own_errors(reports: str) -> None:
+    # The review's cases: each was taken for a lost database (the job ran MAX_LOSSES times).
+    assert not dberrors.database_lost(own_read_only_error())
+    with use(reports).cursor() as cursor:  # the job read from an alias read-only by design
+        cursor.execute("SELECT 1")
+    assert not dberrors.database_lost(own_read_only_error())
+    with pytest.raises(DatabaseError) as caught, use(reports).cursor() as cursor:
+        cursor.execute("DELETE FROM django_migrations WHERE false")  # a write sent there by mistake
+    assert not dberrors.database_lost(caught.value)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SET default_transaction_read_only = on")  # the job guards a section of its own
+            with pytest.raises(DatabaseError) as caught:
+                cursor.execute("DELETE FROM django_migrations WHERE false")
+        assert not dberrors.database_lost(caught.value)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET default_transaction_read_only")
+    assert dberrors.check_connections() == []  # and no connection of theirs is dropped
+
+
+RUNS: list[str] = []
+
+
+@background_job(max_attempts=1)
+def write_to_reports(token: str) -> None:
+    RUNS.append(token)  # a side effect (an email sent) before the write
+    with use("reports").cursor() as cursor:
+        cursor.execute("DELETE FROM django_migrations WHERE false")
+
+
+def test_a_one_attempt_job_writing_to_a_read_only_alias_runs_once_and_fails_with_its_error(reports: str) -> None:
+    RUNS.clear()
+    worker = Worker(install_signals=False, concurrency=1, poll_interval=0.2, names=[write_to_reports.name])
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(worker.run()), name="worker", daemon=True)
+    thread.start()
+    try:
+        job = write_to_reports.perform_later(token="x")
+        wait_for(lambda: Job.objects.get(pk=job.pk).status in ("failed", "completed"), what="the job's end")
+    finally:
+        worker.stop()
+        thread.join(30)
+    row = Job.objects.get(pk=job.pk)
+    assert codes == [0] and RUNS == ["x"] and row.status == "failed"
+    assert "DatabaseLost" not in (row.error or "") and "read-only transaction" in (row.error or "")

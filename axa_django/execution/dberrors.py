@@ -11,6 +11,8 @@ from typing import Any
 import psycopg
 from django.db import InterfaceError, OperationalError, connections
 
+from .. import conf
+
 # libpq reports a refused connection as text only (psycopg's sqlstate is None then), so
 # the server's messages for SQLSTATE class 28 (authentication, unknown role) and 3D000
 # (no such database), and libpq's own for a missing password, are matched as written
@@ -69,13 +71,24 @@ _READ_ONLY_WRITE = "25006"
 
 
 def _on_read_only_server(connection: Any) -> bool:
-    """Whether the server reports this Django connection's sessions read-only (PostgreSQL 14+ reports
-    both settings to the client as they change, so no query is needed on a connection in any state)."""
+    """Whether the server takes no writes on this Django connection of the queue's own database: a
+    standby, or default_transaction_read_only set for the server or the database. PostgreSQL 14+
+    reports both settings as they change (after the session's next statement); set by the
+    session or its connection options, the setting is the job's or the project's, not the server's.
+    Another alias may be a read replica by design: a refusal there is the job's error."""
     raw = connection.connection
     info = getattr(raw, "info", None)
-    if raw is None or getattr(raw, "closed", True) or info is None:
+    if connection.alias != conf.get("DATABASE") or raw is None or getattr(raw, "closed", True) or info is None:
         return False
-    return "on" in (info.parameter_status("in_hot_standby"), info.parameter_status("default_transaction_read_only"))
+    if info.parameter_status("in_hot_standby") == "on":
+        return True
+    if info.parameter_status("default_transaction_read_only") != "on":
+        return False
+    try:
+        row = raw.execute("SELECT source FROM pg_settings WHERE name = 'default_transaction_read_only'").fetchone()
+    except psycopg.Error:  # a transaction the job left failed: no verdict, the error stays the job's
+        return False
+    return row is not None and row[0] not in ("session", "client")
 
 
 def database_lost(error: BaseException) -> bool:
@@ -123,7 +136,8 @@ def check_connections() -> list[str]:
     """
     closed = []
     for connection in connections.all(initialized_only=True):
-        if connection.connection is not None and (_on_read_only_server(connection) or not connection.is_usable()):
+        # is_usable() first: its statement brings the server's settings up to date (see above).
+        if connection.connection is not None and (not connection.is_usable() or _on_read_only_server(connection)):
             # Django drops the connection even when closing it raises: the next job opens another.
             with contextlib.suppress(Exception):
                 connection.close()

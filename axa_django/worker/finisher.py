@@ -94,7 +94,9 @@ class Finisher:
                     named,
                     f" (and {more} more)" if more > 0 else "",
                 )
-            self.ledger.written([outcome.id for outcome in batch])
+            self.ledger.written(
+                [outcome.id for outcome in batch], [o.id for o in refused if o.lost is not None] if refused else ()
+            )
             # The dispatcher claims again only if the written outcomes can have changed what
             # it may claim: a retry queued again (at once, it sends no NOTIFY), a limited job's
             # slot freed; or it waits for them (a burst worker's end, a shutdown). Roused

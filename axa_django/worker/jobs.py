@@ -130,7 +130,7 @@ class JobThreads:
             )
         elif outcome.status == "cancelled":  # its cancel was asked: the requeue guard ended it
             logger.warning("job %s %s: %s; it was cancelled, not queued again", job.name, job.id, what)
-        elif outcome.id in self.ledger.owned():  # the stop's grace period ran out before the write
+        elif self.ledger.unwritten_outcome(outcome.id):  # the stop's grace period ran out before the write
             logger.warning(
                 "job %s %s: %s; its outcome could not be written before the stop, so the row stays running "
                 "under this worker until the rescue queues it again",

@@ -53,6 +53,7 @@ class Ledger:
         # worker until it stops (then the rescue takes them), never reconciled meanwhile,
         # which ran such a job again every minute with no attempt counted.
         self._unwritable: set[uuid.UUID] = set()
+        self._dropped: set[uuid.UUID] = set()  # lost attempts' outcomes the finisher did not write
         self._starts: dict[uuid.UUID, float] = {}  # claimed-ahead jobs started, started_at not yet written
         self._job_seconds: float | None = None  # moving average of a job's run time
         self._stuck: set[int | None] = set()  # job threads given up at their timeout
@@ -93,6 +94,15 @@ class Ledger:
         """Ids of every job whose row this worker still owns: held, its outcome not yet written, or unwritable."""
         with self._lock:
             return [*self._in_flight, *self._pending, *self._unwritable]
+
+    def unwritten_outcome(self, job_id: uuid.UUID) -> bool:
+        """Whether this lost attempt's outcome is still to be written, was not (the stop came first, the
+        row changed meanwhile) or cannot be; forgets that it was not."""
+        with self._lock:
+            if job_id in self._dropped:
+                self._dropped.discard(job_id)
+                return True
+            return job_id in self._pending or job_id in self._unwritable
 
     def unwritable(self, job_id: uuid.UUID) -> None:
         """The database refused every form of this job's outcome: its row stays this worker's."""
@@ -154,11 +164,13 @@ class Ledger:
             self.processed += 1
             self.counts[outcome.status] += 1
 
-    def written(self, ids: list[uuid.UUID]) -> None:
-        """The finisher is done with these outcomes (written or refused)."""
+    def written(self, ids: list[uuid.UUID], dropped: Iterable[uuid.UUID] = ()) -> None:
+        """The finisher is done with these outcomes (written or refused); ``dropped``: lost attempts' outcomes
+        it did not write, which their job threads ask about (``unwritten_outcome``)."""
         with self._lock:
             self._unwritten -= len(ids)
             self._pending.difference_update(ids)
+            self._dropped.update(dropped)
             if self._claiming is not None:
                 self._claiming.update(ids)
             self._stalled_since = None
