@@ -85,7 +85,9 @@ def _on_read_only_server(connection: Any) -> bool:
     if info.parameter_status("default_transaction_read_only") != "on":
         return False
     try:
-        row = raw.execute("SELECT source FROM pg_settings WHERE name = 'default_transaction_read_only'").fetchone()
+        with raw.cursor() as cursor:
+            cursor.execute("SELECT source FROM pg_settings WHERE name = 'default_transaction_read_only'")
+            row = cursor.fetchone()
     except psycopg.Error:  # a transaction the job left failed: no verdict, the error stays the job's
         return False
     return row is not None and row[0] not in ("session", "client")

@@ -130,14 +130,17 @@ class JobThreads:
             )
         elif outcome.status == "cancelled":  # its cancel was asked: the requeue guard ended it
             logger.warning("job %s %s: %s; it was cancelled, not queued again", job.name, job.id, what)
-        elif self.ledger.unwritten_outcome(outcome.id):  # the stop's grace period ran out before the write
-            logger.warning(
-                "job %s %s: %s; its outcome could not be written before the stop, so the row stays running "
-                "under this worker until the rescue queues it again",
-                job.name,
-                job.id,
-                what,
-            )
+        elif self.ledger.unwritten_outcome(outcome.id):
+            if self.control.stopping.is_set():  # the stop's grace period ran out before the write
+                logger.warning(
+                    "job %s %s: %s; its outcome could not be written before the stop, so the row stays running "
+                    "under this worker until the rescue queues it again",
+                    job.name,
+                    job.id,
+                    what,
+                )
+            else:  # the finisher said why (rescued or changed meanwhile, or refused)
+                logger.warning("job %s %s: %s; its outcome was not written", job.name, job.id, what)
         else:
             logger.warning(
                 "job %s %s: %s; it is queued again without using an attempt (a loss is counted: max_losses "
