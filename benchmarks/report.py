@@ -47,6 +47,19 @@ def fmt(value: float | None, unit: str) -> str:
     return f"{value:,.3f}" if value < 10 else f"{value:,.1f}"
 
 
+def shape_rows(results: dict[str, Any]) -> list[tuple[str, str, str, str, bool]]:
+    """The rows of run.py --shapes' drains, each against the one-process drain of one name."""
+    out = []
+    for shape in [p.partition(" ")[2] for p in results["runs"]["axa"] if p.startswith("drain ")]:
+        phase = f"drain {shape}"
+        out += [
+            (phase, "per_s", f"drain, {shape}", "jobs/s", True),
+            (phase, "pg_cpu_ms_per_job", "  PostgreSQL CPU per job", "ms", False),
+            (phase, "worker_cpu_ms_per_job", "  worker CPU per job", "ms", False),
+        ]
+    return out
+
+
 def report(results: dict[str, Any]) -> None:
     runs: dict[str, dict[str, list[dict[str, Any]]]] = results["runs"]
     tools = list(runs)
@@ -64,7 +77,7 @@ def report(results: dict[str, Any]) -> None:
         line += f" | {tool:>16} {'ratio':>7}"
     print(line)
     print("-" * len(line))
-    for phase, key, label, unit, higher in ROWS:
+    for phase, key, label, unit, higher in ROWS + shape_rows(results):
         axa = median(runs["axa"].get(phase, []), key)
         values = [median(runs[tool].get(phase, []), key) for tool in tools[1:]]
         if axa is None and all(v is None for v in values):
@@ -75,6 +88,19 @@ def report(results: dict[str, Any]) -> None:
             line += f" | {fmt(value, unit):>16} {ratio:>7}"
         print(line)
     print()
+    spread = [row for row in shape_rows(results) if row[1] != "worker_cpu_ms_per_job"]
+    if spread:
+        print("each tool's shapes against its own drain of one name by one process (drain1):")
+        for tool in tools:
+            base = {key: median(runs[tool].get("drain1", []), key) for key in ("per_s", "pg_cpu_ms_per_job")}
+            cells = []
+            for phase, key, _, _, _ in spread:
+                value = median(runs[tool].get(phase, []), key)
+                if value is not None and base[key]:
+                    label = phase.partition(" ")[2] + (" jobs/s" if key == "per_s" else " PG CPU")
+                    cells.append(f"{label} {value / base[key]:.2f}x")
+            print(f"  {tool:<16} " + ", ".join(cells))
+        print()
     for tool in tools:
         dups = sum(r.get("duplicates", 0) for p in runs[tool].values() for r in p)
         missing = sum(r.get("missing", 0) for p in runs[tool].values() for r in p)

@@ -3,7 +3,10 @@
 
 Workloads, the same for every tool at its own defaults: enqueue one at a time, bulk enqueue,
 drain of ready no-op jobs by 1 and 2 worker processes, pickup latency of jobs enqueued every
---latency-gap s to one idle worker; and (axa only) claim time on an empty table versus one with
+--latency-gap s to one idle worker; with --shapes, more drains of the same --drain jobs: spread over
+N task names (``names:N``, each name registered in every tool's worker: axa job names, Graphile
+task identifiers, pgqueuer entrypoints), over P priorities (``priorities:P``), or by K worker
+processes (``processes:K``), one process each otherwise; and (axa only) claim time on an empty table versus one with
 1,000,000 finished rows and 100,000 ready rows of other names. Each tool gets a fresh database
 (axa_bench_<tool>) on that server and runs in its own venv (benchmarks/.venvs/<peer>, made here).
 Without DATABASE_URL an embedded PostgreSQL is kept under benchmarks/.data (a Unix socket:
@@ -32,6 +35,7 @@ from benchmarks.report import report  # noqa: E402
 PEERS = ["axa-throughput", "pgqueuer", "procrastinate", "django-tasks-db", "graphile-worker", "graphile-worker-tuned"]
 NO_BULK = {"django-tasks-db"}
 PHASES = ["single", "bulk", "drain1", "drain2", "latency"]
+SHAPES = ("names", "priorities", "processes")
 
 
 def parse_args() -> argparse.Namespace:
@@ -45,6 +49,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--latency-gap", type=float, default=0.02, help="seconds between those jobs")
     parser.add_argument("--finished-rows", type=int, default=1_000_000, help="finished rows for the claim run")
     parser.add_argument("--foreign-rows", type=int, default=100_000, help="ready rows of other names")
+    parser.add_argument(
+        "--shapes",
+        default="",
+        help="more drains, comma-separated: names:N, priorities:P, processes:K (e.g. names:100,processes:32)",
+    )
     parser.add_argument("--skip", action="append", default=[], choices=[*PHASES, "claim"])
     parser.add_argument("--idle-below", type=float, default=0.3, help="wait for busy cores below this (default 0.3)")
     parser.add_argument(
@@ -62,7 +71,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--db-prefix", default="axa_bench_", help="databases are <prefix><tool> (default axa_bench_)")
     parser.add_argument("--peer-python", help="Python >= 3.12 for the peers' venvs (default: found on PATH/pyenv)")
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "latest.json"), help="output file")
-    return parser.parse_args()
+    args = parser.parse_args()
+    for shape in shapes(args):
+        kind, _, count = shape.partition(":")
+        if kind not in SHAPES or not count.isdigit() or int(count) < 1:
+            parser.error(f"--shapes: {shape!r} is not one of names:N, priorities:P, processes:K (N, P, K >= 1)")
+    return args
+
+
+def shapes(args: argparse.Namespace) -> list[str]:
+    return [part.strip() for part in args.shapes.split(",") if part.strip()]
 
 
 def connect(url: str) -> Any:
@@ -150,12 +168,14 @@ class Runner:
         self.tool, self.python, self.url, self.pg_pid = tool, python, url, pg_pid
         self.axa_args = axa_args
 
-    def __call__(self, phase: str, *extra: str) -> dict[str, Any]:
+    def __call__(self, phase: str, *extra: str, shape: str = "") -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="axa-bench-") as tmp:
             out = Path(tmp) / "out.json"
             command = [self.python, str(ROOT / "benchmarks" / "driver.py"), "--tool", self.tool, "--phase", phase]
             command += ["--pg-pid", str(self.pg_pid), "--out", str(out), *extra]
-            env = dict(os.environ, DATABASE_URL=self.url, PYTHONPATH=str(ROOT), BENCH_AXA_ARGS=self.axa_args)
+            env = dict(
+                os.environ, DATABASE_URL=self.url, PYTHONPATH=str(ROOT), BENCH_AXA_ARGS=self.axa_args, BENCH_SHAPE=shape
+            )
             env.pop("DJANGO_SETTINGS_MODULE", None)
             subprocess.run(command, cwd=ROOT, env=env, check=True)
             return json.loads(out.read_text())
@@ -163,8 +183,9 @@ class Runner:
 
 def run_phase(args: argparse.Namespace, runner: Runner, phase: str) -> dict[str, Any]:
     clean(runner.url)
+    shape = phase.partition(" ")[2]  # "drain names:100"
     if phase.startswith("drain"):
-        runner("fill", "--n", str(args.drain))
+        runner("fill", "--n", str(args.drain), shape=shape)
         clean(runner.url, vacuum_only=True)
     idle = measure.wait_idle(args.idle_below, args.idle_timeout) if args.idle_timeout else None
     load = os.getloadavg()[0]
@@ -172,6 +193,9 @@ def run_phase(args: argparse.Namespace, runner: Runner, phase: str) -> dict[str,
         result = runner("single", "--n", str(args.single))
     elif phase == "bulk":
         result = runner("bulk", "--n", str(args.bulk))
+    elif shape:
+        processes = shape.partition(":")[2] if shape.startswith("processes:") else "1"
+        result = runner("drain", "--n", str(args.drain), "--processes", processes, shape=shape)
     elif phase.startswith("drain"):
         result = runner("drain", "--n", str(args.drain), "--processes", phase[-1])
     else:
@@ -218,7 +242,7 @@ def main() -> None:
         "runs": {tool: {} for tool in tools},
     }
     print_header(results)
-    phases = [p for p in PHASES if p not in args.skip]
+    phases = [p for p in PHASES if p not in args.skip] + [f"drain {shape}" for shape in shapes(args)]
     for round_no in range(args.rounds):
         print(f"round {round_no + 1} of {args.rounds}", flush=True)
         for index, phase in enumerate(phases):

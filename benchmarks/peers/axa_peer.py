@@ -6,7 +6,7 @@ import os
 import shlex
 import sys
 
-from benchmarks.peers.base import Tool
+from benchmarks.peers.base import CHUNK, Tool, groups, spread_names
 
 
 class Peer(Tool):
@@ -43,6 +43,16 @@ class Peer(Tool):
 
     def enqueue_many(self, ids: list[int]) -> None:
         self.job.perform_later_many([{"i": i} for i in ids])
+
+    def fill(self, ids: list[int]) -> None:
+        from axa_django.registry import registry
+
+        spread = spread_names()
+        for (name, priority), part in groups(ids).items():
+            job = registry[f"bench.record{name}"] if spread else self.job
+            job = job.using(priority=priority) if priority else job
+            for offset in range(0, len(part), CHUNK):
+                job.perform_later_many([{"i": i} for i in part[offset : offset + CHUNK]])
 
     def claim_statement(self, limit: int | None = None) -> tuple[str, list[str]] | None:
         """The plain CLAIM as runworker composes it (names written in), for ``limit`` rows (4, the

@@ -8,6 +8,30 @@ import time
 CHUNK = 10_000  # jobs per bulk call, for every tool
 
 
+def shape() -> tuple[str, int]:
+    """The drain's workload shape from BENCH_SHAPE (run.py --shapes): ("names", N) spreads the jobs
+    over N task names (each registered in the worker), ("priorities", P) over P priorities; ("", 0)
+    or ("processes", K) is one name at one priority."""
+    kind, _, count = os.environ.get("BENCH_SHAPE", "").partition(":")
+    return kind, int(count or 0)
+
+
+def spread_names() -> int:
+    """How many task names the worker registers and the jobs spread over (0: the one ``record``)."""
+    kind, count = shape()
+    return count if kind == "names" else 0
+
+
+def groups(ids: list[int]) -> dict[tuple[int, int], list[int]]:
+    """``ids`` by (name index, priority) as the shape spreads them: job i is name i % N, priority i % P."""
+    kind, count = shape()
+    out: dict[tuple[int, int], list[int]] = {}
+    for i in ids:
+        key = (i % count, 0) if kind == "names" else (0, i % count) if kind == "priorities" else (0, 0)
+        out.setdefault(key, []).append(i)
+    return out
+
+
 class Tool:
     """One queue under test; the database is the one DATABASE_URL names."""
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psycopg
 
-from benchmarks.peers.base import Tool
+from benchmarks.peers.base import CHUNK, Tool, groups, spread_names
 
 SCRIPT = Path(__file__).resolve().parent / "graphile_worker.cjs"
 ADD_JOB = "SELECT graphile_worker.add_job('record', json_build_object('i', %s::int))"
@@ -24,6 +24,13 @@ ADD_JOBS = """
 SELECT count(*) FROM graphile_worker.add_jobs(ARRAY(
     SELECT ROW('record', json_build_object('i', i), NULL, NULL, NULL, NULL, NULL, NULL)::graphile_worker.job_spec
     FROM unnest(%s::int[]) AS i
+))
+"""
+# The same, each job with its task identifier and priority (run.py --shapes).
+ADD_SPREAD = """
+SELECT count(*) FROM graphile_worker.add_jobs(ARRAY(
+    SELECT ROW(n, json_build_object('i', i), NULL, NULL, NULL, NULL, p, NULL)::graphile_worker.job_spec
+    FROM unnest(%s::text[], %s::int[], %s::int[]) AS u(n, i, p)
 ))
 """
 
@@ -57,6 +64,17 @@ class Peer(Tool):
 
     def enqueue_many(self, ids: list[int]) -> None:
         self.conn.execute(ADD_JOBS, [ids])
+
+    def fill(self, ids: list[int]) -> None:
+        spread = spread_names()
+        rows = [
+            (f"record{name}" if spread else "record", i, priority)
+            for (name, priority), part in groups(ids).items()
+            for i in part
+        ]
+        for offset in range(0, len(rows), CHUNK):
+            names, numbers, priorities = zip(*rows[offset : offset + CHUNK], strict=True)
+            self.conn.execute(ADD_SPREAD, [list(names), list(numbers), list(priorities)])
 
     def worker_command(self) -> list[str]:
         return [self.node, str(SCRIPT)]

@@ -29,6 +29,11 @@ const taskList = {
   },
 };
 
+// run.py --shapes names:N: the same task under N identifiers, record0, record1, ...
+for (let i = 0; i < Number(process.env.BENCH_SHAPE?.startsWith("names:") ? process.env.BENCH_SHAPE.slice(6) : 0); i++) {
+  taskList[`record${i}`] = taskList.record;
+}
+
 async function main() {
   if (process.argv[2] === "migrate") {
     await runMigrations({ connectionString });

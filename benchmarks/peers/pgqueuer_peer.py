@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.measure import record as write
-from benchmarks.peers.base import Tool
+from benchmarks.peers.base import CHUNK, Tool, groups, spread_names
 
 ENTRYPOINT = "record"
 
@@ -31,9 +31,12 @@ async def create() -> AsyncIterator[Any]:
     conn = await asyncpg.connect(os.environ["DATABASE_URL"])
     pgq = PgQueuer(AsyncpgDriver(conn))
 
-    @pgq.entrypoint(ENTRYPOINT)
     async def record(job: Job) -> None:
         write(int(job.payload or b"0"))
+
+    pgq.entrypoint(ENTRYPOINT)(record)
+    for name in range(spread_names()):  # run.py --shapes names:N
+        pgq.entrypoint(f"{ENTRYPOINT}{name}")(record)
 
     try:
         yield pgq
@@ -79,6 +82,17 @@ class Peer(Tool):
         self.loop.run_until_complete(
             self.queries.enqueue([ENTRYPOINT] * len(ids), [str(i).encode() for i in ids], [0] * len(ids))
         )
+
+    def fill(self, ids: list[int]) -> None:
+        spread = spread_names()
+        rows = [
+            (f"{ENTRYPOINT}{name}" if spread else ENTRYPOINT, str(i).encode(), priority)
+            for (name, priority), part in groups(ids).items()
+            for i in part
+        ]
+        for offset in range(0, len(rows), CHUNK):
+            names, payloads, priorities = zip(*rows[offset : offset + CHUNK], strict=True)
+            self.loop.run_until_complete(self.queries.enqueue(list(names), list(payloads), list(priorities)))
 
     def enqueue_paced(self, ids: list[int], gap: float) -> dict[int, float]:
         async def run() -> dict[int, float]:
