@@ -179,7 +179,7 @@ def _reconcile(actor: Actor, s: Subject) -> int:
 
 
 def _heartbeat(actor: Actor, s: Subject) -> int:
-    row = actor.worker_conn.execute(sql.HEARTBEAT, {"worker": s.worker, "ids": [s.id]}).fetchone()
+    row = actor.worker_conn.execute(sql.HEARTBEAT, {"worker": s.worker, "ids": [s.id], "elect": False}).fetchone()
     return len(row[1])
 
 

@@ -24,6 +24,9 @@ from .claims import (
     CLAIMED as CLAIMED,
 )
 from .claims import (
+    FLEET_PROBE as FLEET_PROBE,
+)
+from .claims import (
     HELD_ANY as HELD_ANY,
 )
 from .claims import (
@@ -158,14 +161,20 @@ ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 # found by their ids (the worker's in flight), never through axa_queue_running by worker
 # id: under a held snapshot, that walk reads every row this worker ever ran, and a
 # heartbeat slowed past its timeout would have the worker taken for dead.
+# The fleet's poller (worker/quiet.py): the worker whose heartbeat connection holds this session
+# lock, taken by a beat (``elect``), let go when that connection closes (the worker stopped or died).
+POLLER_LOCK = "pg_try_advisory_lock(178913281, 1)"
+
 HEARTBEAT = f"""
 WITH beat AS (UPDATE axa_worker SET heartbeat_at = now() WHERE id = %(worker)s RETURNING id)
 SELECT (SELECT count(*) FROM beat),
        ARRAY(SELECT id FROM ONLY axa_queue
              WHERE id = ANY(%(ids)s::uuid[]) AND worker_id IS NOT DISTINCT FROM %(worker)s
                AND status || '' = 'running' AND cancel_requested),
-       {NO_FLUSH}
+       {NO_FLUSH},
+       CASE WHEN %(elect)s THEN {POLLER_LOCK} END
 """
+
 
 # Requeue jobs of dead workers (no heartbeat within the lease), and rows claimed
 # without a worker id (the seed's CLAIM) that have run past STALE_MINUTES. A loss is

@@ -291,3 +291,19 @@ def compose(
 # worker_id with IS NOT DISTINCT FROM: no index can take either, so the rows are found
 # by primary key alone. Through axa_queue_running or axa_queue_status, a plan would read
 # the entry of every row that was ever running, which a held snapshot keeps (worker/lanes.py).
+
+
+# The fleet's poller, idle: are there rows that fell due lately and are still queued? Then
+# every worker is woken, as an enqueue wakes them: rows made claimable without a word (written
+# with triggers off, a queue's slot freed by the seed's FINISH, a row a user held as it fell due,
+# a retry written by a worker since stopped) are claimed within POLL_INTERVAL though the others
+# poll less often. Only rows due
+# within ``window`` s (the others' poll): older ones are theirs to find, and a walk from
+# the start of the ready index would read every entry a held snapshot keeps.
+FLEET_PROBE = """
+SELECT pg_notify('axa_queue', '') FROM (
+    SELECT 1 FROM ONLY axa_queue
+    WHERE status = 'queued' AND run_at <= now() AND run_at > now() - %(window)s * interval '1 second'
+    LIMIT 1
+) found
+"""

@@ -119,7 +119,9 @@ class Worker:
         self.finisher = Finisher(options, worker_id, control, ledger, limited, self.listener, quiet)
         lookout = Lookout(options, lanes, options.housekeeping_interval, rouse=lambda: _rouse(quiet, control))
         # A burst worker's dispatcher keeps the watchman's work (it may be gone before a beat).
-        self.heartbeat = Heartbeat(options, worker_id, control, ledger, lookout, None if options.burst else watchman)
+        self.heartbeat = Heartbeat(
+            options, worker_id, control, ledger, lookout, None if options.burst else watchman, quiet
+        )
         self.signals = Signals(control)
 
     # -- what callers read -----------------------------------------------------------

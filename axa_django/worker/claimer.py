@@ -223,7 +223,7 @@ class Claimer:
         return self._statements[key]
 
     def next_run(self, names: list[str]) -> float:
-        """Seconds until the next of this worker's rows falls due (the poll interval at most).
+        """Seconds until the next of this worker's rows falls due (the idle wait at most: ``Quiet.idle_wait``).
 
         Asked of the database again only when something was announced since (a NOTIFY, a
         retry written: ``Quiet.news``), when the row it found falls due, or after
@@ -231,7 +231,7 @@ class Claimer:
         statements a second. A row made due sooner without a word (another worker's
         retry) is claimed by the poll's claim, as it would be without this look.
         """
-        poll = self.options.poll_interval
+        poll = self.quiet.idle_wait(self.options.poll_interval, self.options.housekeeping_interval)
         if not names and not self.options.backends:
             return poll
         quiet, now = self.quiet, time.monotonic()

@@ -47,6 +47,7 @@ class Dispatcher:
         self.watchman = watchman
         self._next_adopt = 0.0
         self._last_claimed = 0  # rows the last claim took: the next takes at most twice as many
+        self._next_probe = 0.0  # as the fleet's poller: when it may look for rows fallen due unannounced
 
     def register(self) -> None:
         """Write this worker's row."""
@@ -78,6 +79,8 @@ class Dispatcher:
                 # More rows are waiting and other threads are about to free up: wait
                 # a moment for them, so that one claim serves several.
                 room = self._gather(claimed_total)
+            # A claim after an idle wait that nothing announced: rows it finds fell due unannounced.
+            polled = idle is not None and idle[0] == self.quiet.news and time.monotonic() >= idle[1]
             if idle is not None:
                 news, until = idle
                 if news == self.quiet.news and self.quiet.heard_all and not options.burst and time.monotonic() < until:
@@ -110,6 +113,8 @@ class Dispatcher:
                 # this thread goes on to look for the next due row. At a trickle, commit to
                 # start 0.03-0.08 ms sooner (benchmarks/results/pg15-pickup-yield-ab.txt).
                 time.sleep(0)
+            if self.quiet.poller and (polled or not jobs):
+                self._probe()
             if not jobs:
                 self.quiet.stir(news=False)  # idle: the next claim tries every kind again
                 if not tried_all:
@@ -123,10 +128,11 @@ class Dispatcher:
                 if not jobs or (tried_all and self.quiet.heard_all and not options.burst):
                     # Fewer rows than asked for, every kind tried: none other is ready now. The
                     # worker claims again on news, when its next row falls due, or when it polls.
+                    longest = self.quiet.idle_wait(options.poll_interval, options.housekeeping_interval)
                     timeout = min(self.claimer.next_run(names), next_housekeeping - time.monotonic())
-                    idle = (news, time.monotonic() + min(timeout, options.poll_interval))
+                    idle = (news, time.monotonic() + min(timeout, longest))
                     if not jobs:
-                        self._wait(timeout)
+                        self._wait(timeout, longest)
 
     def _room(self, claimed_total: int, backlog: bool) -> int:
         """How many rows to claim now; 0 while threads are busy and enough rows wait for them.
@@ -175,10 +181,19 @@ class Dispatcher:
                 wake.wait(left)
         return idle
 
-    def _wait(self, timeout: float) -> None:
+    def _wait(self, timeout: float, longest: float | None = None) -> None:
         if self.ledger.has_starts():
             timeout = min(timeout, MARK_AFTER)
-        self.control.wake.wait(max(0.0, min(timeout, self.options.poll_interval)))
+        self.control.wake.wait(max(0.0, min(timeout, longest or self.options.poll_interval)))
+
+    def _probe(self) -> None:
+        """As the fleet's poller, at most every POLL_INTERVAL: wake every worker if rows fell due unannounced."""
+        now = time.monotonic()
+        if now < self._next_probe:
+            return
+        self._next_probe = now + self.options.poll_interval
+        window = max(self.options.poll_interval, self.options.housekeeping_interval) + self.options.poll_interval
+        self.db.execute(sql.FLEET_PROBE, {"window": window}, bounded=True)
 
     def _mark_started(self) -> None:
         """Write started_at of claimed-ahead jobs running past MARK_AFTER: a lost worker then counts them a loss."""

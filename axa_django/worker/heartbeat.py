@@ -25,6 +25,7 @@ from .ledger import Ledger
 from .logs import Summary
 from .lookout import Lookout
 from .options import Options
+from .quiet import Quiet
 from .watchman import Watchman
 
 logger = logging.getLogger("axa_django")
@@ -49,10 +50,14 @@ class Heartbeat:
         ledger: Ledger,
         lookout: Lookout | None = None,
         watchman: Watchman | None = None,
+        quiet: Quiet | None = None,
     ) -> None:
         self.options, self.worker_id, self.control, self.ledger = options, worker_id, control, ledger
         # After a beat, when due: the look behind the lanes' floors, the rescue, the look for unhandled jobs.
         self.lookout, self.watchman = lookout, watchman
+        # Where the beat says whether this worker polls for the fleet; none: it takes no part
+        # (no notifications reach it, or it is a --burst worker, gone soon).
+        self.quiet = quiet if options.notify and not options.burst else None
         self.summary = Summary(worker_id)
 
     def touch_health_file(self) -> None:
@@ -79,17 +84,23 @@ class Heartbeat:
             self.summary.tick(*self.ledger.tally(), self.ledger.running())
             try:
                 if conn is None or conn.closed:
+                    self._lost_poll()
                     conn = connect(self.options.using, "heartbeat")
+                elect = self.quiet is not None and self.quiet.poller is not True
                 with conn.transaction(), conn.cursor() as cursor:
                     cursor.execute(sql.TIMEOUTS, {"statement": timeout, "lock": timeout})
-                    cursor.execute(sql.HEARTBEAT, {"worker": self.worker_id, "ids": self.ledger.ids()})
-                    alive, cancelled, _ = cursor.fetchone() or (1, [], None)
+                    params = {"worker": self.worker_id, "ids": self.ledger.ids(), "elect": elect}
+                    cursor.execute(sql.HEARTBEAT, params)
+                    alive, cancelled, _, polls = cursor.fetchone() or (1, [], None, None)
                     if not alive:
                         self.rejoin(cursor)
+                if elect and self.quiet is not None:
+                    self.quiet.poller = bool(polls)
             except refused.OUTAGE as error:
                 if not isinstance(error, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
                     close(conn)
                     conn = None
+                    self._lost_poll()
                 due, retry = time.monotonic() + retry, min(retry * 2, interval)
                 logger.warning("heartbeat failed (%s); trying again in %.1fs", error, due - time.monotonic())
                 continue
@@ -112,7 +123,8 @@ class Heartbeat:
             # statement is cut at what is left, and what did not fit runs after the next beat.
             until = time.monotonic() + max(0.6 * interval, 0.15)
             if self.watchman is not None:
-                self.watchman.watch(functools.partial(self._run, conn, until))
+                following = self.quiet is not None and self.quiet.poller is False
+                self.watchman.watch(functools.partial(self._run, conn, until), following)
             if self.lookout is not None and self.lookout.due() and (left := _left(until)) is not None:
                 try:
                     self.lookout.look(conn, left)
@@ -122,7 +134,13 @@ class Heartbeat:
             if conn.closed:  # lost meanwhile: a new connection at the next beat
                 close(conn)
                 conn = None
+                self._lost_poll()
         close(conn)
+
+    def _lost_poll(self) -> None:
+        """The connection that held the fleet's poll is gone: poll at POLL_INTERVAL until a beat tries again."""
+        if self.quiet is not None:
+            self.quiet.poller = None
 
     def rejoin(self, cursor: psycopg.Cursor[Any]) -> None:
         """Our row was taken for dead (cut off past the lease): drop the rows claimed ahead, register again.

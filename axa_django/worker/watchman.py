@@ -36,6 +36,10 @@ Run = Callable[..., list[tuple[Any, ...]] | None]
 RECONCILE_SECONDS = 60.0
 RECONCILE_GRACE = 2.0
 RECONCILE_ROUNDS = 3
+# While another worker polls for the fleet (worker/quiet.py), this one rescues every this
+# many housekeeping intervals, not every one: the poller rescues for everyone, and each
+# rescue is three statements a worker; the others' rescue is there should the poller's fail.
+RESCUE_FOLLOWING = 6
 # Refused rows remembered, at most (then the oldest are tried again).
 REFUSED_KEPT = 10_000
 
@@ -49,7 +53,7 @@ class Watchman:
 
     def __init__(self, options: Options, worker_id: uuid.UUID | None = None, ledger: Ledger | None = None) -> None:
         self.options, self.worker_id, self.ledger = options, worker_id, ledger
-        self._next_rescue = 0.0
+        self._last_rescue = -float("inf")
         # The first look waits a lease: workers started together have all registered by then.
         self._next_unhandled = time.monotonic() + options.lease
         self._next_reconcile = time.monotonic() + RECONCILE_SECONDS
@@ -143,11 +147,15 @@ class Watchman:
             del self._refused[next(iter(self._refused))]
         return rows
 
-    def watch(self, run: Run) -> None:
-        """Run what is due: the rescue of dead workers' rows first, then this worker's own reconcile."""
+    def watch(self, run: Run, following: bool = False) -> None:
+        """Run what is due: the rescue of dead workers' rows first, then this worker's own reconcile.
+
+        ``following``: another worker polls for the fleet, and rescues at every interval.
+        """
         now = time.monotonic()
-        if now >= self._next_rescue:
-            self._next_rescue = now + self.options.housekeeping_interval
+        # From the last rescue: a worker that becomes the poller rescues at its next interval.
+        if now >= self._last_rescue + self.options.housekeeping_interval * (RESCUE_FOLLOWING if following else 1):
+            self._last_rescue = now
             self.rescue(run)
         self.reconcile(run)
         if now >= self._next_unhandled:
