@@ -5,7 +5,9 @@
 Starts --workers ``runworker --concurrency 1`` processes on a fresh, empty
 ``axa_bench_idle`` database (benchmark settings: POLL_INTERVAL 1 s, notifications on),
 waits until each has registered and 15 s more (its start's checks and first
-housekeeping), then over --seconds measures the PostgreSQL server's CPU and the
+housekeeping), then over --seconds measures the PostgreSQL server's CPU (all of it, and
+the backends of the fleet's own connections apart: others' work on the same server
+shows in the first only) and the
 workers' (user + system, as a share of one core), the transactions committed or rolled
 back in the database per second, and the connections the fleet holds.
 """
@@ -27,6 +29,7 @@ from benchmarks.run import base_url, connect, migrated_database, server_info  # 
 
 XACTS = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"
 CONNECTIONS = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+BACKENDS = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
 
 
 def main() -> None:
@@ -55,14 +58,18 @@ def main() -> None:
             )
             time.sleep(args.settle)
             connections = conn.execute(CONNECTIONS).fetchone()[0]
+            backends = [row[0] for row in conn.execute(BACKENDS)]
             xacts = conn.execute(XACTS).fetchone()[0]
             pg, workers, start = measure.tree_cpu([pg_pid]), measure.tree_cpu([p.pid for p in procs]), time.monotonic()
+            own = measure.tree_cpu(backends)
             time.sleep(args.seconds)
             pg, workers = measure.tree_cpu([pg_pid]) - pg, measure.tree_cpu([p.pid for p in procs]) - workers
+            own = measure.tree_cpu(backends) - own
             elapsed = time.monotonic() - start
             xacts = conn.execute(XACTS).fetchone()[0] - xacts
         print(
-            f"{args.workers} idle workers, {elapsed:.0f} s: PostgreSQL CPU {100 * pg / elapsed:.2f}% of a core, "
+            f"{args.workers} idle workers, {elapsed:.0f} s: PostgreSQL CPU {100 * pg / elapsed:.2f}% of a core "
+            f"(the fleet's own backends {100 * own / elapsed:.2f}%), "
             f"workers' CPU {100 * workers / elapsed:.2f}% of a core, {xacts / elapsed:.1f} transactions/s, "
             f"{connections} connections ({connections / args.workers:.1f} a worker)"
         )

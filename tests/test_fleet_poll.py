@@ -93,9 +93,9 @@ def test_rows_nobody_announced_are_announced_by_the_idle_poller(workers) -> None
 
 @pytest.mark.parametrize(
     ("poller", "heard_all", "expected"),
-    [(None, True, 0.2), (True, True, 0.2), (False, True, 10.0), (False, False, 0.2)],
+    [(None, True, 0.2), (True, True, 10.0), (False, True, 10.0), (False, False, 0.2), (True, False, 0.2)],
 )
-def test_only_a_follower_that_hears_every_change_waits_its_housekeeping_interval(
+def test_a_worker_of_a_polled_fleet_that_hears_every_change_claims_at_its_housekeeping_interval(
     poller: bool | None, heard_all: bool, expected: float
 ) -> None:
     quiet = Quiet()

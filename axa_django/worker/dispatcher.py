@@ -87,7 +87,7 @@ class Dispatcher:
                     # Woken by a job's end (or a thread given up) with nothing announced since
                     # the last claim found all there was: another would find nothing. At a
                     # steady trickle that claim was one of every job's two.
-                    self._wait(until - time.monotonic())
+                    self._idle_wait(until - time.monotonic())
                     continue
                 idle = None
             # Read before claiming: an outcome written after the claim (a retry
@@ -132,7 +132,7 @@ class Dispatcher:
                     timeout = min(self.claimer.next_run(names), next_housekeeping - time.monotonic())
                     idle = (news, time.monotonic() + min(timeout, longest))
                     if not jobs:
-                        self._wait(timeout, longest)
+                        self._idle_wait(min(timeout, longest))
 
     def _room(self, claimed_total: int, backlog: bool) -> int:
         """How many rows to claim now; 0 while threads are busy and enough rows wait for them.
@@ -181,10 +181,27 @@ class Dispatcher:
                 wake.wait(left)
         return idle
 
-    def _wait(self, timeout: float, longest: float | None = None) -> None:
+    def _wait(self, timeout: float) -> None:
         if self.ledger.has_starts():
             timeout = min(timeout, MARK_AFTER)
-        self.control.wake.wait(max(0.0, min(timeout, longest or self.options.poll_interval)))
+        self.control.wake.wait(max(0.0, min(timeout, self.options.poll_interval)))
+
+    def _idle_wait(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for news; the fleet's poller looks for rows fallen due every POLL_INTERVAL meanwhile.
+
+        The look is one statement where a claim and the look were two: its notification
+        wakes every worker, this one too, and the claims follow.
+        """
+        if self.ledger.has_starts():
+            timeout = min(timeout, MARK_AFTER)
+        deadline = time.monotonic() + max(0.0, timeout)
+        wake = self.control.wake
+        while True:
+            left = deadline - time.monotonic()
+            step = min(left, self.options.poll_interval) if self.quiet.poller else left
+            if wake.wait(max(0.0, step)) or time.monotonic() >= deadline:
+                return
+            self._probe()
 
     def _probe(self) -> None:
         """As the fleet's poller, at most every POLL_INTERVAL: wake every worker if rows fell due unannounced."""

@@ -40,11 +40,12 @@ class Quiet:
 
         An idle poll is a round trip that wakes a backend: one a second from each of 32
         idle workers cost the server 1.6% of a core, most of it in that wake. So while
-        every change is announced to this worker and another worker polls for the fleet
-        (it wakes everyone when it sees rows that fell due unannounced), this one waits up
-        to ``long_wait`` (its housekeeping interval); otherwise ``poll_interval``.
+        every change is announced to this worker and one worker polls for the fleet (it
+        looks for rows that fell due unannounced every ``poll_interval`` and wakes everyone
+        when it sees some: this worker, or another), it claims again after ``long_wait``
+        (its housekeeping interval) without news; otherwise after ``poll_interval``.
         """
-        if self.poller is False and self.heard_all:
+        if self.poller is not None and self.heard_all:
             return max(poll_interval, long_wait)
         return poll_interval
 
