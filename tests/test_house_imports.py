@@ -52,6 +52,7 @@ ORDER = [
     "models.jobs",
     "models.workflows",
     "models.queue",
+    "models.names",
     "models",
     # Writing rows (enqueue), then running them.
     "enqueuing.options",
