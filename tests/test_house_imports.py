@@ -99,6 +99,7 @@ ORDER = [
     # Beside the top: test helpers, the admin, commands, the app config and the package.
     "testing",
     "ops.dashboard",
+    "ops.names",
     "ops.metrics",
     "views",
     "urls",
@@ -107,6 +108,7 @@ ORDER = [
     "admin.actions",
     "admin.pauses",
     "admin.workflows",
+    "admin.names",
     "admin",
     "management",
     "management.listing",
