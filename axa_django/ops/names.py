@@ -34,6 +34,7 @@ BINS_PER_DOUBLING = 4
 TOP_BIN = 120  # holds runs of LOWEST * 2 ** (119 / 4) seconds (25.6 hours) and longer
 # Reported as the bin's geometric middle: within this fraction of the exact value.
 ERROR = 2 ** (1 / (2 * BINS_PER_DOUBLING)) - 1
+DAY_MINUTES = 23 * 60  # a roll-up of the day's kept hours
 SLOT_KEPT_FOR = datetime.timedelta(hours=3)  # slots serve the last hour and an hour not kept yet
 HOUR_KEPT_FOR = datetime.timedelta(days=7)  # as the dashboard keeps its hours
 # The advisory lock of forgetting old spans: one page load at a time forgets, the others go on.
@@ -95,37 +96,85 @@ WITH {_CLOCK}, due AS (
     RETURNING minutes, start
 )
 INSERT INTO axa_name_stat (minutes, start, name, completed, failed, retried, max_seconds, bins, counts)
-SELECT m.minutes, m.start, c.name, {_FOLD}
+SELECT m.minutes, m.start, f.*
 FROM marked m
 CROSS JOIN LATERAL (
-    SELECT q.name, {_COUNTS}
-    FROM axa_queue q
-    WHERE q.status IN ('completed', 'failed')
-      AND q.finished_at >= m.start AND q.finished_at < m.start + make_interval(mins => m.minutes)
-    GROUP BY q.name, bin
-) AS c
-GROUP BY m.minutes, m.start, c.name
+    -- Folded span by span: one fold of the whole day's groups sorted them on disk.
+    SELECT c.name, {_FOLD}
+    FROM (
+        SELECT q.name, {_COUNTS}
+        FROM axa_queue q
+        WHERE q.status IN ('completed', 'failed')
+          AND q.finished_at >= m.start AND q.finished_at < m.start + make_interval(mins => m.minutes)
+        GROUP BY q.name, bin
+    ) AS c
+    GROUP BY c.name
+) AS f
 ON CONFLICT DO NOTHING
 """
 
-_OLD = "((s.minutes = 5 AND s.start < now() - %(slots)s) OR (s.minutes = 60 AND s.start < now() - %(hours)s))"
+# The day's 23 kept hours summed into one row per name (minutes = 1380, from the day's
+# first hour), once the last of them is kept: a load then reads one row per name for
+# them, not 23. Marked first, as KEEP.
+ROLL_UP = f"""
+WITH {_CLOCK}, {_BOUNDS}, due AS (
+    SELECT b.day_from AS start FROM bounds b
+    WHERE b.hour + %(settle)s <= b.now
+      AND NOT EXISTS (SELECT 1 FROM axa_name_span s WHERE s.minutes = {DAY_MINUTES} AND s.start = b.day_from)
+      AND (SELECT count(*) FROM axa_name_span s
+           WHERE s.minutes = 60 AND s.start >= b.day_from AND s.start < b.hour) = 23
+), marked AS (
+    INSERT INTO axa_name_span (minutes, start) SELECT {DAY_MINUTES}, start FROM due
+    ON CONFLICT DO NOTHING
+    RETURNING start
+), hours AS (
+    SELECT t.* FROM marked m
+    JOIN axa_name_stat t ON t.minutes = 60 AND t.start >= m.start AND t.start < m.start + interval '23 hours'
+), sums AS (
+    SELECT h.name, sum(h.completed) AS completed, sum(h.failed) AS failed, sum(h.retried) AS retried,
+           max(h.max_seconds) AS longest
+    FROM hours h GROUP BY h.name
+), binned AS (
+    SELECT h.name, u.bin, sum(u.n)::bigint AS n FROM hours h CROSS JOIN LATERAL unnest(h.bins, h.counts) AS u(bin, n)
+    GROUP BY h.name, u.bin
+), hist AS (
+    SELECT b.name, array_agg(b.bin ORDER BY b.bin) AS bins, array_agg(b.n ORDER BY b.bin) AS counts
+    FROM binned b GROUP BY b.name
+)
+INSERT INTO axa_name_stat (minutes, start, name, completed, failed, retried, max_seconds, bins, counts)
+SELECT {DAY_MINUTES}, m.start, s.name, s.completed, s.failed, s.retried, s.longest,
+       coalesce(h.bins, '{{}}'), coalesce(h.counts, '{{}}')
+FROM marked m CROSS JOIN sums s LEFT JOIN hist h ON h.name = s.name
+ON CONFLICT DO NOTHING
+"""
+
+_OLD = (
+    "((s.minutes = 5 AND s.start < now() - %(slots)s) OR (s.minutes = 60 AND s.start < now() - %(hours)s)"
+    f" OR (s.minutes = {DAY_MINUTES} AND s.start < now() - %(slots)s - interval '1 day'))"
+)
 FORGET = f"""
 WITH gate AS MATERIALIZED (SELECT pg_try_advisory_xact_lock({FORGET_LOCK[0]}, {FORGET_LOCK[1]}) AS mine),
 spans AS (DELETE FROM axa_name_span s USING gate WHERE gate.mine AND {_OLD})
 DELETE FROM axa_name_stat s USING gate WHERE gate.mine AND {_OLD}
 """
 
-# The pieces the page adds up, one row per (piece, name): the day's kept hours; the kept
-# slots of the last hour and of the day's hours not kept; and the rest, counted from
-# axa_queue from the first slot neither kept nor covered by a kept hour (the current
-# slot and the one settling, once the spans are kept). ``grid`` is every slot of the day.
+# The pieces the page adds up, one row per (piece, name): the day's kept hours (their
+# roll-up once kept, when %(whole)s allows it); the kept slots of the last hour and of
+# the day's hours not kept; and the rest, counted from axa_queue from the first slot
+# neither kept nor covered by a kept hour (the current slot and the one settling, once
+# the spans are kept). ``grid`` is every slot of the day.
 PIECES = f"""
-WITH {_CLOCK}, {_BOUNDS}, grid AS MATERIALIZED (
+WITH {_CLOCK}, {_BOUNDS}, whole AS MATERIALIZED (
+    SELECT %(whole)s AND EXISTS (
+        SELECT 1 FROM axa_name_span s, bounds b WHERE s.minutes = {DAY_MINUTES} AND s.start = b.day_from
+    ) AS kept
+), grid AS MATERIALIZED (
     SELECT g.start, g.start >= b.hour_from AS in_hour,
-           EXISTS (SELECT 1 FROM axa_name_span s
-                   WHERE s.minutes = 60 AND s.start = date_trunc('hour', g.start, 'UTC')) AS hour_kept,
+           (w.kept AND g.start < b.hour) OR EXISTS (
+               SELECT 1 FROM axa_name_span s WHERE s.minutes = 60 AND s.start = date_trunc('hour', g.start, 'UTC')
+           ) AS hour_kept,
            EXISTS (SELECT 1 FROM axa_name_span s WHERE s.minutes = 5 AND s.start = g.start) AS slot_kept
-    FROM bounds b, generate_series(b.day_from, b.slot, interval '5 minutes') AS g(start)
+    FROM bounds b, whole w, generate_series(b.day_from, b.slot, interval '5 minutes') AS g(start)
 ), live AS (
     SELECT c.slot, c.name, {_FOLD}
     FROM (
@@ -143,7 +192,13 @@ WITH {_CLOCK}, {_BOUNDS}, grid AS MATERIALIZED (
 ), pieces AS (
     SELECT t.start AS hour, t.name, true AS in_day, false AS in_hour,
            t.completed, t.failed, t.retried, t.max_seconds AS longest, t.bins, t.counts
-    FROM bounds b JOIN axa_name_stat t ON t.minutes = 60 AND t.start >= b.day_from AND t.start < b.hour
+    FROM bounds b JOIN whole w ON w.kept
+    JOIN axa_name_stat t ON t.minutes = {DAY_MINUTES} AND t.start = b.day_from
+    WHERE %(names)s::text[] IS NULL OR t.name = ANY(%(names)s::text[])
+    UNION ALL
+    SELECT t.start, t.name, true, false, t.completed, t.failed, t.retried, t.max_seconds, t.bins, t.counts
+    FROM bounds b JOIN whole w ON NOT w.kept
+    JOIN axa_name_stat t ON t.minutes = 60 AND t.start >= b.day_from AND t.start < b.hour
     WHERE %(names)s::text[] IS NULL OR t.name = ANY(%(names)s::text[])
     UNION ALL
     SELECT date_trunc('hour', g.start, 'UTC'), t.name, NOT g.hour_kept, g.in_hour,
@@ -158,12 +213,8 @@ WITH {_CLOCK}, {_BOUNDS}, grid AS MATERIALIZED (
     WHERE NOT g.slot_kept AND (g.in_hour OR NOT g.hour_kept)
 )"""
 
-_PERCENTILE_BINS = ", ".join(
-    f"min(r.bin) FILTER (WHERE r.{w}_upto >= {p} * r.{w}_total) AS {w}_p{round(p * 100)}"
-    for w in ("h", "d")
-    for p in (0.5, 0.95)
-)
-# Per name: the hour's and the day's counts, longest run, and the bins holding p50 and p95.
+# Per name: the hour's and the day's counts and longest run, and their histograms (the
+# bins, then the hour's and the day's counts in each); the percentiles are read in Python.
 SUMMARY = f"""
 {PIECES}, sums AS (
     SELECT p.name,
@@ -177,22 +228,19 @@ SUMMARY = f"""
            max(p.longest) FILTER (WHERE p.in_day) AS d_longest
     FROM pieces p GROUP BY p.name
 ), binned AS (
-    SELECT p.name, u.bin, sum(u.n) FILTER (WHERE p.in_hour) AS h, sum(u.n) FILTER (WHERE p.in_day) AS d
+    SELECT p.name, u.bin, coalesce(sum(u.n) FILTER (WHERE p.in_hour), 0)::bigint AS h,
+           coalesce(sum(u.n) FILTER (WHERE p.in_day), 0)::bigint AS d
     FROM pieces p CROSS JOIN LATERAL unnest(p.bins, p.counts) AS u(bin, n)
     GROUP BY p.name, u.bin
-), ranked AS (
-    SELECT b.name, b.bin, sum(b.h) OVER w AS h_upto, sum(b.h) OVER (PARTITION BY b.name) AS h_total,
-           sum(b.d) OVER w AS d_upto, sum(b.d) OVER (PARTITION BY b.name) AS d_total
-    FROM binned b WINDOW w AS (PARTITION BY b.name ORDER BY b.bin)
-), percentiles AS (
-    SELECT r.name, {_PERCENTILE_BINS} FROM ranked r GROUP BY r.name
+), hist AS (
+    SELECT b.name, array_agg(b.bin ORDER BY b.bin) AS bins, array_agg(b.h ORDER BY b.bin) AS h,
+           array_agg(b.d ORDER BY b.bin) AS d
+    FROM binned b GROUP BY b.name
 )
-SELECT (SELECT now FROM clock), (SELECT hour_from FROM bounds), (SELECT day_from FROM bounds),
-       s.name, s.h_completed, s.h_failed, s.h_retried, s.h_longest, p.h_p50, p.h_p95,
-       s.d_completed, s.d_failed, s.d_retried, s.d_longest, p.d_p50, p.d_p95
-FROM sums s LEFT JOIN percentiles p ON p.name = s.name
+SELECT s.name, s.h_completed, s.h_failed, s.h_retried, s.h_longest,
+       s.d_completed, s.d_failed, s.d_retried, s.d_longest, h.bins, h.h, h.d
+FROM sums s LEFT JOIN hist h ON h.name = s.name
 WHERE s.d_completed + s.d_failed > 0
-ORDER BY s.name
 """
 
 # Per name and hour of the day: completed and failed, for the chart.
@@ -259,39 +307,58 @@ class Figures:
     names: list[NameFigures]
 
 
-def _window(completed: int, failed: int, retried: int, longest: float | None, p50: Any, p95: Any) -> Window:
-    return Window(int(completed), int(failed), int(retried), estimate(p50, longest), estimate(p95, longest), longest)
+def percentile_bin(bins: list[int], counts: list[int], percent: int) -> int | None:
+    """The bin holding the nearest-rank ``percent``-th percentile (as SQL's percentile_disc picks it)."""
+    total = sum(counts)
+    if not total:
+        return None
+    rank = -(-percent * int(total) // 100)  # ceil, in integers
+    upto = 0
+    for bin_, count in zip(bins, counts, strict=True):
+        upto += count
+        if upto >= rank:
+            return bin_
+    return None
+
+
+def _window(counts: tuple[Any, ...], bins: list[int], in_bins: list[int]) -> Window:
+    completed, failed, retried, longest = counts
+    return Window(
+        int(completed),
+        int(failed),
+        int(retried),
+        estimate(percentile_bin(bins, in_bins, 50), longest),
+        estimate(percentile_bin(bins, in_bins, 95), longest),
+        longest,
+    )
 
 
 def collect(names: list[str] | None = None, *, hourly: bool = False, using: str | None = None) -> Figures:
     """Every name's figures (or only ``names``'), keeping the spans that settled; with ``hourly``, jobs per hour."""
     using = using or conf.get("DATABASE")
-    params = {"names": names}
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         # As the dashboard: JIT compiled a millisecond statement for a quarter of a second.
         cursor.execute("SELECT set_config('jit', 'off', true)")
         _keep(cursor, using)
-        cursor.execute(SUMMARY, params)
-        rows = cursor.fetchall()
+        cursor.execute(WINDOWS)
+        now, hour_from, day_from = cursor.fetchone()
+        cursor.execute(SUMMARY, {"names": names, "whole": True})
         found = [
-            NameFigures(row[3], _window(*row[4:8], row[8], row[9]), _window(*row[10:14], row[14], row[15]))
-            for row in rows
+            NameFigures(
+                row[0], _window(row[1:5], row[9] or [], row[10] or []), _window(row[5:9], row[9] or [], row[11] or [])
+            )
+            for row in cursor.fetchall()
         ]
-        if rows:
-            now, hour_from, day_from = rows[0][:3]
-        else:
-            cursor.execute(WINDOWS)
-            now, hour_from, day_from = cursor.fetchone()
         if hourly:
-            cursor.execute(HOURLY, params)
+            # Hour by hour: the kept hours themselves, not their roll-up.
+            cursor.execute(HOURLY, {"names": names, "whole": False})
             per_name: dict[str, dict[datetime.datetime, tuple[int, int]]] = {}
             for name, hour, completed, failed in cursor.fetchall():
                 per_name.setdefault(name, {})[hour] = (int(completed), int(failed))
             starts = [day_from + datetime.timedelta(hours=n) for n in range(24)]
             for figures in found:
-                if figures.name in per_name:
-                    counts = per_name[figures.name]
-                    figures.hours = [Hour(start, *counts.get(start, (0, 0))) for start in starts]
+                counts = per_name.get(figures.name, {})
+                figures.hours = [Hour(start, *counts.get(start, (0, 0))) for start in starts]
     return Figures(now, hour_from, day_from, found)
 
 
@@ -305,6 +372,7 @@ def _keep(cursor: Any, using: str) -> None:
         with transaction.atomic(using=using):
             cursor.execute(FORGET, {"slots": SLOT_KEPT_FOR, "hours": HOUR_KEPT_FOR})
             cursor.execute(KEEP, {"settle": SETTLE})
+            cursor.execute(ROLL_UP, {"settle": SETTLE})
     except DatabaseError as error:
         level = logging.DEBUG if using in _KEEP_REFUSED else logging.WARNING
         _KEEP_REFUSED.add(using)
