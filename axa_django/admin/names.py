@@ -172,6 +172,7 @@ class JobNamesAdmin(JobPermissions, admin.ModelAdmin):
             "headers": self._headers(order),
             "rows": [self._row(f, links) for f in rows[(page - 1) * PER_PAGE : page * PER_PAGE]],
             "count": thousands(len(rows)),
+            "total": len(rows),
             "slowest": [self._row(f, links) for f in slowest[:TOP]],
             "failing": [self._row(f, links) for f in failing[:TOP]],
             "pages": [(n, "?" + urlencode({"o": order, "p": n})) for n in range(1, pages + 1)] if pages > 1 else [],

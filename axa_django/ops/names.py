@@ -243,10 +243,16 @@ FROM sums s LEFT JOIN hist h ON h.name = s.name
 WHERE s.d_completed + s.d_failed > 0
 """
 
-# Per name and hour of the day: completed and failed, for the chart.
+# Per name of %(names)s and hour of the day (every hour, in order): completed and failed, for the chart.
 HOURLY = f"""
-{PIECES}
-SELECT p.name, p.hour, sum(p.completed), sum(p.failed) FROM pieces p WHERE p.in_day GROUP BY p.name, p.hour
+{PIECES}, hours AS (
+    SELECT g.hour FROM bounds b, generate_series(b.day_from, b.hour, interval '1 hour') AS g(hour)
+)
+SELECT n.name, h.hour, coalesce(sum(p.completed), 0)::bigint, coalesce(sum(p.failed), 0)::bigint
+FROM unnest(%(names)s::text[]) AS n(name) CROSS JOIN hours h
+LEFT JOIN pieces p ON p.in_day AND p.name = n.name AND p.hour = h.hour
+GROUP BY n.name, h.hour
+ORDER BY n.name, h.hour
 """
 
 
@@ -351,14 +357,12 @@ def collect(names: list[str] | None = None, *, hourly: bool = False, using: str 
         ]
         if hourly:
             # Hour by hour: the kept hours themselves, not their roll-up.
-            cursor.execute(HOURLY, {"names": names, "whole": False})
-            per_name: dict[str, dict[datetime.datetime, tuple[int, int]]] = {}
+            cursor.execute(HOURLY, {"names": [f.name for f in found], "whole": False})
+            per_name: dict[str, list[Hour]] = {}
             for name, hour, completed, failed in cursor.fetchall():
-                per_name.setdefault(name, {})[hour] = (int(completed), int(failed))
-            starts = [day_from + datetime.timedelta(hours=n) for n in range(24)]
+                per_name.setdefault(name, []).append(Hour(hour, completed, failed))
             for figures in found:
-                counts = per_name.get(figures.name, {})
-                figures.hours = [Hour(start, *counts.get(start, (0, 0))) for start in starts]
+                figures.hours = per_name.get(figures.name, [])
     return Figures(now, hour_from, day_from, found)
 
 
