@@ -121,6 +121,7 @@ class JobNamesAdmin(JobPermissions, admin.ModelAdmin):
             "failed_url": f"{links['failed_url']}?{query}",
             "chart_url": f"{links['name_url']}?{query}",
             "cells": cells,
+            "day_completed": thousands(figures.day.completed),
             "failed_share": f"{figures.day.failed / figures.day.run:.0%}" if figures.day.run else "-",
         }
 
@@ -135,6 +136,7 @@ class JobNamesAdmin(JobPermissions, admin.ModelAdmin):
             "took_ms": f"{took * 1000:.0f}",
             "error_percent": f"{names.ERROR:.1%}",
             "lowest_ms": f"{names.LOWEST * 1000:g}",
+            "half_lowest_ms": f"{names.LOWEST * 500:g}",
             **self._links(),
         }
 
