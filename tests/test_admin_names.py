@@ -323,7 +323,7 @@ def test_bad_parameters_get_a_message_or_a_400(admin_client: Client) -> None:
             f"There is no column {order!r} to sort by; sorted by jobs run in the last day instead."
         ], order
         assert response.context["rows"][0]["figures"].name == "alpha"
-    for page in ("0", "2", "x", "-1"):
+    for page in ("0", "2", "x", "-1", "\u00b2", "9" * 40):
         response = admin_client.get(PAGE, {"p": page})
         assert [str(m) for m in response.context["messages"]] == [
             f"There is no page {page!r} (pages 1 to 1); showing page 1."
