@@ -3,9 +3,10 @@
 A page load never reads the day's rows. Finished jobs are counted once per span of time
 after it has settled, from the history by an index range on ``finished_at``, into
 ``axa_name_stat`` (one row per span and name, ``axa_name_span`` marking the span done):
-hours for the day, 5-minute slots for the last hour and the current hour. Only the
-slots not kept yet are counted from the rows at each load: the current one and the one
-still settling, at most ten minutes of rows.
+hours for the day (their 23 summed into one row per name once the last is kept, so a
+load reads one row per name for them), 5-minute slots for the last hour and the current
+hour. Only the slots not kept yet are counted from the rows at each load: the current
+one and the one still settling, at most ten minutes of rows.
 
 Run times (``started_at`` to ``finished_at`` of the final attempt) go into a histogram of
 log-spaced bins, BINS_PER_DOUBLING per doubling from LOWEST seconds, so the percentiles
