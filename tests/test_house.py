@@ -21,6 +21,8 @@ TABLES = (
     "axa_dependency",
     "axa_workflow",
     "axa_finished_hour",
+    "axa_name_span",
+    "axa_name_stat",
 )
 PROBE = "axa_house_probe"
 

@@ -52,6 +52,7 @@ ORDER = [
     "models.jobs",
     "models.workflows",
     "models.queue",
+    "models.names",
     "models",
     # Writing rows (enqueue), then running them.
     "enqueuing.options",
@@ -98,6 +99,7 @@ ORDER = [
     # Beside the top: test helpers, the admin, commands, the app config and the package.
     "testing",
     "ops.dashboard",
+    "ops.names",
     "ops.metrics",
     "views",
     "urls",
@@ -106,6 +108,7 @@ ORDER = [
     "admin.actions",
     "admin.pauses",
     "admin.workflows",
+    "admin.names",
     "admin",
     "management",
     "management.listing",

@@ -44,12 +44,14 @@ from .lists import (
     refuse_nul,
     search_jobs,
 )
+from .names import JobNamesAdmin
 from .pagination import EstimatedCountPaginator
 from .workflows import JobWorkflowFields, WorkflowAdmin
 
 __all__ = [
     "FailedJobAdmin",
     "JobAdmin",
+    "JobNamesAdmin",
     "QueueDashboardAdmin",
     "WorkflowAdmin",
     "error_line",

@@ -13,6 +13,7 @@ import django.db.models.functions.datetime
 from django.db import migrations, models
 
 import axa_django.ids
+import axa_django.models.names
 
 # An insert from any producer (this app, a Rust service, psql) wakes idle workers.
 # FOR EACH STATEMENT sends one notification per INSERT however many rows it wrote,
@@ -751,4 +752,59 @@ class Migration(migrations.Migration):
         migrations.RunSQL(HISTORY, DROP_HISTORY),
         migrations.RunSQL(REQUEUE, NO_REQUEUE),
         migrations.RunSQL(QUEUE_CONTROL_NOTIFY, DROP_QUEUE_CONTROL_NOTIFY),
+        # The Job names page: per (span, name) figures kept once a span has settled.
+        migrations.CreateModel(
+            name="NameSpan",
+            fields=[
+                (
+                    "pk",
+                    models.CompositePrimaryKey(
+                        "minutes", "start", blank=True, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                ("minutes", models.SmallIntegerField()),
+                ("start", models.DateTimeField()),
+            ],
+            options={
+                "db_table": "axa_name_span",
+                "default_permissions": (),
+            },
+        ),
+        migrations.CreateModel(
+            name="NameStat",
+            fields=[
+                (
+                    "pk",
+                    models.CompositePrimaryKey(
+                        "minutes", "start", "name", blank=True, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                ("minutes", models.SmallIntegerField()),
+                ("start", models.DateTimeField()),
+                ("name", models.TextField()),
+                ("completed", models.BigIntegerField()),
+                ("failed", models.BigIntegerField()),
+                ("retried", models.BigIntegerField()),
+                ("max_seconds", models.FloatField(null=True)),
+                ("bins", axa_django.models.names.IntArrayField(element="smallint")),
+                ("counts", axa_django.models.names.IntArrayField(element="bigint")),
+            ],
+            options={
+                "db_table": "axa_name_stat",
+                "default_permissions": (),
+            },
+        ),
+        migrations.CreateModel(
+            name="JobNames",
+            fields=[],
+            options={
+                "verbose_name": "job names",
+                "verbose_name_plural": "job names",
+                "proxy": True,
+                "default_permissions": (),
+                "indexes": [],
+                "constraints": [],
+            },
+            bases=("axa_django.job",),
+        ),
     ]

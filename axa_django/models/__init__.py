@@ -12,6 +12,7 @@ from .jobs import (
     RowJSONField,
     Undecodable,
 )
+from .names import JobNames, NameSpan, NameStat
 from .queue import FinishedHour, QueueLimit, QueuePause, RateBucket, Schedule, Worker
 from .workflows import Dependency, Workflow
 
@@ -21,7 +22,10 @@ __all__ = [
     "FailedJob",
     "FinishedHour",
     "Job",
+    "JobNames",
     "JobQuerySet",
+    "NameSpan",
+    "NameStat",
     "OutOfRange",
     "QueueDashboard",
     "QueueLimit",
