@@ -22,7 +22,7 @@ from .. import unhandled
 from ..models import FailedJob, Job, QueueDashboard, QueuePause
 from ..ops import dashboard, fleetstats
 from . import pauses
-from .actions import JobActions, breadcrumbs, cancellable, job_id
+from .actions import breadcrumbs, cancellable, job_id
 from .display import (
     JobPermissions,
     error_line,
@@ -45,6 +45,7 @@ from .lists import (
     search_jobs,
 )
 from .pagination import EstimatedCountPaginator
+from .timeline import JobTimeline
 from .workflows import JobWorkflowFields, WorkflowAdmin
 
 __all__ = [
@@ -62,7 +63,7 @@ TIME_FIELDS = ("created_full", "run_at_full", "started_full", "finished_full", "
 
 
 @admin.register(Job)
-class JobAdmin(JobPermissions, JobWorkflowFields, JobActions):
+class JobAdmin(JobPermissions, JobWorkflowFields, JobTimeline):
     """All jobs: list, read-only detail, retry, cancel and delete, each behind its permission."""
 
     change_list_template = "admin/axa_django/job/change_list.html"
@@ -244,6 +245,7 @@ class JobAdmin(JobPermissions, JobWorkflowFields, JobActions):
                 retry_url=reverse("admin:axa_django_job_retry", args=[job.pk], current_app=name),
                 cancel_url=reverse("admin:axa_django_job_cancel", args=[job.pk], current_app=name),
                 delete_url=reverse("admin:axa_django_job_delete", args=[job.pk], current_app=name),
+                **self.timeline_context(request, job),
             )
         return super().change_view(request, object_id, form_url, context)
 
@@ -264,7 +266,7 @@ class JobAdmin(JobPermissions, JobWorkflowFields, JobActions):
         return super().changelist_view(request, context)
 
     def get_urls(self) -> list[URLPattern]:
-        return self.action_urls() + super().get_urls()
+        return self.action_urls() + self.timeline_urls() + super().get_urls()
 
 
 @admin.register(FailedJob)
