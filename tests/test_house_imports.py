@@ -106,6 +106,8 @@ ORDER = [
     "admin.actions",
     "admin.pauses",
     "admin.workflows",
+    "admin.timeline",
+    "admin.periodic",
     "admin",
     "management",
     "management.listing",

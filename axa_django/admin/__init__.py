@@ -21,7 +21,7 @@ from django.views.decorators.cache import never_cache
 from .. import unhandled
 from ..models import FailedJob, Job, QueueDashboard, QueuePause
 from ..ops import dashboard, fleetstats
-from . import pauses
+from . import pauses, periodic
 from .actions import breadcrumbs, cancellable, job_id
 from .display import (
     JobPermissions,
@@ -56,6 +56,7 @@ __all__ = [
     "error_line",
     "format_duration",
     "pauses",
+    "periodic",
     "status_badge",
 ]
 
