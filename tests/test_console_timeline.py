@@ -241,3 +241,21 @@ def test_a_running_job_shows_its_claim_and_how_long_it_has_run(admin_client: Cli
     rows = timeline_rows(page(admin_client, job))
     assert rows[-1][2] == "Claimed for attempt 1" and rows[-1][3] == f"on h1 pid 7 ({worker.pk}), not started yet"
     assert not Dependency.objects.exists()
+
+
+def test_the_last_attempts_end_written_to_the_second_follows_its_start(admin_client: Client) -> None:
+    started = T0 + datetime.timedelta(seconds=30, milliseconds=700)
+    job = Job.objects.create(
+        name="tests.testapp.jobs.add",
+        args={},
+        status="failed",
+        attempts=1,
+        errors=[{"attempt": 1, "at": f"{T0 + datetime.timedelta(seconds=30):%Y-%m-%dT%H:%M:%SZ}", "worker": None,
+                 "type": "builtins.ValueError", "message": "late", "traceback": ""}],
+    )  # fmt: skip
+    Job.objects.filter(pk=job.pk).update(
+        created_at=T0, run_at=T0, started_at=started, finished_at=started + datetime.timedelta(milliseconds=90)
+    )
+    rows = timeline_rows(page(admin_client, job))
+    assert [row[2] for row in rows] == ["Enqueued", "Became ready", "Started attempt 1", "Attempt 1 ended", "Failed"]
+    assert rows[3][0] == full_time(T0 + datetime.timedelta(seconds=30))  # shown as written

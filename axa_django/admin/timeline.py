@@ -34,6 +34,7 @@ logger = logging.getLogger("axa_django")
 NEIGHBOURS = 8
 # A node of the graph: its size, the gap between nodes, the distance between columns (SVG units).
 NODE_W, NODE_H, GAP, COLUMN = 250, 42, 10, 320
+SECOND = datetime.timedelta(seconds=1)
 
 # Scheduled rows brought forward, and the workers told of their run_at: it may lie behind
 # the claims' floors (worker/lanes.py) when this waited on a lock, as a child's does (SETTLE).
@@ -49,6 +50,7 @@ class Event:
     detail: str = ""
     status: str = ""  # a status whose colour marks the line ("" none)
     since: str = ""  # how long after the enqueue; set by _in_order
+    order: datetime.datetime | None = None  # where it sorts, when not at ``at``
 
     @property
     def when(self) -> str:
@@ -64,7 +66,7 @@ class Timeline:
     wait_label: str
     run: str
     run_label: str
-    last_attempt_only: bool  # the wait and run are the latest attempt's (earlier ones left only their end)
+    last_attempt_only: bool  # earlier attempts left only their end: the wait and run are the latest one's
     scheduled: bool  # queued with run_at in the future by the database clock: "Run now" applies
 
 
@@ -133,6 +135,7 @@ def build(job: Job, now: datetime.datetime, using: str) -> Timeline:
     created, run_at = _aware(job.created_at), _aware(job.run_at)
     started, finished = _aware(job.started_at), _aware(job.finished_at)
     events = [Event(created, "Enqueued", f"queue {job.queue}, priority {job.priority}")]
+    earlier = any(not _of_latest(job, entry, started) for entry in entries)  # attempts before the latest
 
     ready_at = run_at
     edges, ended, last_parent = _parents(job, using)
@@ -152,16 +155,19 @@ def build(job: Job, now: datetime.datetime, using: str) -> Timeline:
     if scheduled:
         events.append(Event(run_at, "Scheduled to run", "not due yet"))
     elif ready_at is not None and (finished is None or ready_at <= finished):
-        events.append(Event(ready_at, "Ready again" if entries else "Became ready"))
+        events.append(Event(ready_at, "Ready again" if earlier else "Became ready"))
 
     for entry in entries:
+        at = _parse_time(entry.get("at"))
+        # Cut to the second, the latest attempt's end may read as before its start, which it follows.
+        order = started + SECOND / 1e6 if started and at and at < started and _of_latest(job, entry, started) else None
         worker = _uuid(entry.get("worker")) if entry.get("worker") else None
         kind = str(entry.get("type") or "error").rpartition(".")[2]
         lines = str(entry.get("message") or "").strip().splitlines()
         detail = f"{kind}: {short_error(lines[0])}" if lines else kind
         where = f"on {labels.get(worker, str(worker))}" if worker else "no worker recorded"
         what = f"Attempt {entry.get('attempt', '?')} ended"
-        events.append(Event(_parse_time(entry.get("at")), what, f"{detail} ({where})", "failed"))
+        events.append(Event(at, what, f"{detail} ({where})", "failed", order=order))
 
     on = f"on {labels[job.worker_id]}" if job.worker_id else "no worker recorded"
     if started is not None:
@@ -183,7 +189,15 @@ def build(job: Job, now: datetime.datetime, using: str) -> Timeline:
         run = format_duration(finished - started)
     elif started is not None and job.status == Job.Status.RUNNING:
         run, run_label = format_duration(max(now - started, datetime.timedelta(0))), "running for"
-    return Timeline(_in_order(events, created), wait, wait_label, run, run_label, bool(entries), scheduled)
+    return Timeline(_in_order(events, created), wait, wait_label, run, run_label, earlier, scheduled)
+
+
+def _of_latest(job: Job, entry: dict[str, Any], started: datetime.datetime | None) -> bool:
+    """Whether ``entry`` is the end of the attempt that began at ``started`` (a worker writes it to the second, cut)."""
+    at = _parse_time(entry.get("at"))
+    if at is None or started is None:
+        return False
+    return entry.get("attempt") == job.attempts and at > started - SECOND
 
 
 def _in_order(events: list[Event], created: datetime.datetime | None) -> list[Event]:
@@ -191,7 +205,7 @@ def _in_order(events: list[Event], created: datetime.datetime | None) -> list[Ev
     keyed = []
     last = datetime.datetime.min.replace(tzinfo=datetime.UTC)
     for index, event in enumerate(events):
-        last = event.at or last
+        last = event.order or event.at or last
         keyed.append((last, index, event))
     keyed.sort(key=lambda item: (item[0], item[1]))
     return [
@@ -257,8 +271,11 @@ def graph(job: Job, site: str, using: str) -> SafeString | None:
     group = reverse("admin:axa_django_workflow_change", args=[job.workflow_id], current_app=site)
     rows = max(len(parents) + bool(more_up), len(children) + bool(more_down), 1)
     height = rows * (NODE_H + GAP) + GAP
-    width = 2 * COLUMN + NODE_W + 2 * GAP
-    left, middle, right = GAP, GAP + COLUMN, GAP + 2 * COLUMN
+    # A side with no nodes takes no room: a first job of a workflow starts at the left.
+    left = GAP
+    middle = left + (COLUMN if parents else 0)
+    right = middle + COLUMN
+    width = (right if children else middle) + NODE_W + GAP
     (centre,) = _column(1, height)
     parts = [format_html('<g class="axa-current">{}</g>', _node(middle, centre, job.pk, found, None))]
     lines = []
