@@ -84,6 +84,7 @@ def entries(using: str, now: datetime.datetime) -> list[Entry]:
         pk: (pk, status, finished or created)
         for pk, status, created, finished in Job.objects.using(using)
         .filter(pk__in=last_ids)
+        .order_by()
         .values_list("id", "status", "created_at", "finished_at")
     }
     with connections[using].cursor() as cursor:
