@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.db import connection
-from django.test import Client
+from django.test import Client, override_settings
 from django.urls import reverse
 
 from axa_django import Job, background_job, cron, registry
@@ -55,7 +55,7 @@ def periodic() -> Iterator[dict[str, JobFunction[Any, Any]]]:
 def sql(statement: str, *params: Any) -> list[tuple[Any, ...]]:
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
-        return cursor.fetchall()
+        return cursor.fetchall() if cursor.description else []
 
 
 def row_of(html: str, name: str) -> str:
@@ -221,3 +221,19 @@ def test_a_real_worker_enqueues_the_enabled_entry_and_not_the_disabled_one(worke
     finally:
         registry.registry.pop(on.name, None)
         registry.registry.pop(off.name, None)
+
+
+@pytest.mark.django_db
+def test_with_use_tz_false_the_page_reads_times_in_time_zone(
+    admin_client: Client, periodic: dict[str, JobFunction[Any, Any]]
+) -> None:
+    nightly = periodic["nightly"]
+    last = Job.objects.create(name=nightly.name, args={}, status="completed")
+    sql("UPDATE axa_queue SET finished_at = '2025-01-15 12:00:01.25+00' WHERE id = %s", last.pk)
+    sql("INSERT INTO axa_schedule (name, last_run, last_job_id) VALUES (%s, now(), %s)", nightly.name, last.pk)
+    for use_tz in (True, False):
+        with override_settings(USE_TZ=use_tz, TIME_ZONE="America/New_York"):
+            row = row_of(admin_client.get(PAGE).content.decode(), nightly.name)
+        assert "<td>America/New_York</td>" in row, use_tz
+        assert cell(row, "axa-last").endswith("2025-01-15 07:00:01.250 EST"), use_tz
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d 02:30:00 \(in .*\)", cell(row, "axa-next")), use_tz

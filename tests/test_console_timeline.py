@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.db import connection
-from django.test import Client
+from django.test import Client, override_settings
 from django.urls import reverse
 from django.utils import timezone
 
@@ -259,3 +259,31 @@ def test_the_last_attempts_end_written_to_the_second_follows_its_start(admin_cli
     rows = timeline_rows(page(admin_client, job))
     assert [row[2] for row in rows] == ["Enqueued", "Became ready", "Started attempt 1", "Attempt 1 ended", "Failed"]
     assert rows[3][0] == full_time(T0 + datetime.timedelta(seconds=30))  # shown as written
+
+
+def test_with_use_tz_false_the_timeline_reads_each_time_in_time_zone(admin_client: Client) -> None:
+    parents = wj.noop.perform_later_many([{"i": 1}, {"i": 2}])
+    child = wj.noop.using(after=parents).perform_later(0)
+    # 12:00:00.250 UTC is 07:00:00.250 in New York (EST).
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE axa_queue SET status = 'completed', finished_at = '2025-01-15 12:00:01.25+00' WHERE id = ANY(%s)",
+            [[p.pk for p in parents]],
+        )
+        cursor.execute(
+            "UPDATE axa_queue SET status = 'failed', created_at = '2025-01-15 12:00:00.25+00', attempts = 1, "
+            "run_at = '2025-01-15 12:00:00.25+00', started_at = '2025-01-15 12:00:02.25+00', "
+            "finished_at = '2025-01-15 12:00:03.25+00', errors = %s WHERE id = %s",
+            ['[{"attempt": 1, "at": "2025-01-15T12:00:03Z", "type": "builtins.ValueError", "message": "x"}]', child.pk],
+        )
+    for use_tz in (True, False):
+        with override_settings(USE_TZ=use_tz, TIME_ZONE="America/New_York"):
+            rows = timeline_rows(page(admin_client, child))
+        assert rows == [
+            ("2025-01-15 07:00:00.250 EST", "+0 ms", "Enqueued", "queue default, priority 0"),
+            ("2025-01-15 07:00:01.250 EST", "+1.0 s", "Parents done", "the last of 2 parent(s) ended"),
+            ("2025-01-15 07:00:01.250 EST", "+1.0 s", "Became ready", ""),
+            ("2025-01-15 07:00:02.250 EST", "+2.0 s", "Started attempt 1", "no worker recorded"),
+            ("2025-01-15 07:00:03.000 EST", "+2.8 s", "Attempt 1 ended", "ValueError: x (no worker recorded)"),
+            ("2025-01-15 07:00:03.250 EST", "+3.0 s", "Failed", ""),
+        ], use_tz
