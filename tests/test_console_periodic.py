@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client, override_settings
 from django.urls import reverse
@@ -161,6 +162,9 @@ def test_the_toggle_needs_its_permission_a_post_and_a_registered_periodic_job(
     assert user_with("view_schedule").get(PAGE).status_code == 200
     allowed = user_with("view_job", "change_schedule")
     assert allowed.get(TOGGLE).status_code == 405
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(User.objects.get(pk=allowed.session["_auth_user_id"]))
+    assert strict.post(TOGGLE, {"name": five.name, "enabled": "off"}).status_code == 403  # no CSRF token
     assert allowed.post(TOGGLE, {"name": five.name + "\x00", "enabled": "off"}).status_code == 400
     assert allowed.get(PAGE + "?q=%00").status_code == 400
     for data, said in (

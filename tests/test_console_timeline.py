@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client, override_settings
 from django.urls import reverse
@@ -217,6 +218,9 @@ def test_run_now_needs_retry_permission_and_a_post() -> None:
     assert viewer.post(run_now_url(job)).status_code == 403
     allowed = user_with("view_job", "retry_job")
     assert allowed.get(run_now_url(job)).status_code == 405
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(User.objects.get(pk=allowed.session["_auth_user_id"]))
+    assert strict.post(run_now_url(job)).status_code == 403  # no CSRF token
     assert allowed.post(run_now_url(job) + "?x=%00").status_code == 400
     assert allowed.post(reverse("admin:axa_django_job_run_now", args=["not-a-job"])).status_code == 404
     assert sql_one("SELECT run_at > now() FROM axa_queue WHERE id = %s", job.pk) == (True,)
