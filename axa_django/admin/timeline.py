@@ -274,7 +274,11 @@ def graph(job: Job, site: str, using: str) -> SafeString | None:
         .values_list("id", "name", "status")
     }
     found[job.pk] = (job.name, job.status)
-    group = reverse("admin:axa_django_workflow_change", args=[job.workflow_id], current_app=site)
+    group = (
+        reverse("admin:axa_django_workflow_change", args=[job.workflow_id], current_app=site)
+        if job.workflow_id
+        else None
+    )
     rows = max(len(parents) + bool(more_up), len(children) + bool(more_down), 1)
     height = rows * (NODE_H + GAP) + GAP
     # A side with no nodes takes no room: a first job of a workflow starts at the left.
@@ -296,7 +300,7 @@ def graph(job: Job, site: str, using: str) -> SafeString | None:
             lines.append((edge_x[0], ends[0], edge_x[1], ends[1]))
         if more:
             y = _column(len(ids) + 1, height)[-1]
-            parts.append(_more(x, y, more, what, group if job.workflow_id else None))
+            parts.append(_more(x, y, more, what, group))
     edges = format_html_join(
         "", '<line x1="{}" y1="{}" x2="{}" y2="{}" class="axa-edge" marker-end="url(#axa-arrow)"/>', lines
     )
