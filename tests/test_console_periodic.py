@@ -131,6 +131,9 @@ def test_disable_and_enable_from_the_page_logged_and_in_the_admin_history(
     assert sql("SELECT enabled FROM axa_schedule WHERE name = %s", five.name) == [(False,)]
     row = row_of(response.content.decode(), five.name)
     assert cell(row, "axa-enabled") == "no" and cell(row, "axa-next") == "- (disabled)"
+    names = [job.name for job in cron.scheduled_jobs()]
+    (off,) = sql("SELECT count(*) FROM axa_schedule WHERE NOT enabled AND name = ANY(%s)", names)[0]
+    assert off == 1 and f"{len(names)} periodic jobs registered, {off} disabled." in response.content.decode()
     assert 'name="enabled" value="on"' in row
     assert [r.getMessage() for r in caplog.records if "periodic job" in r.getMessage()] == [
         f"{response.context['user']} disabled periodic job {five.name} (1 schedule changed)"
