@@ -9,6 +9,7 @@ however seldom they look. Catch-up is bounded: occurrences scheduled within
 ``CATCH_UP`` before now are all enqueued; older ones are dropped except the latest,
 which is enqueued if nothing newer is (so after downtime a job runs once, not once per
 missed occurrence). Each occurrence also carries the unique key ``cron:<time>``.
+A schedule switched off (``set_enabled``, the admin's periodic jobs page) is skipped.
 """
 
 from __future__ import annotations
@@ -33,8 +34,21 @@ CATCH_UP = datetime.timedelta(seconds=60)
 
 # The schedule's row, locked for this transaction; no row back: absent, or another
 # worker is scheduling this job right now.
-LOCK = "SELECT last_run FROM axa_schedule WHERE name = %(name)s FOR UPDATE SKIP LOCKED"
-ADVANCE = "UPDATE axa_schedule SET last_run = %(due)s WHERE name = %(name)s"
+LOCK = "SELECT last_run, enabled FROM axa_schedule WHERE name = %(name)s FOR UPDATE SKIP LOCKED"
+ADVANCE = "UPDATE axa_schedule SET last_run = %(due)s, last_job_id = %(job)s WHERE name = %(name)s"
+# Switched off from the admin: a schedule never seen is recorded as FIRST_SIGHT would, off.
+DISABLE = """
+INSERT INTO axa_schedule (name, last_run, enabled) VALUES (%(name)s, %(due)s, false)
+ON CONFLICT (name) DO UPDATE SET enabled = false WHERE axa_schedule.enabled
+RETURNING name
+"""
+# Switched on again: the occurrences missed while off are skipped (last_run moves to the
+# latest one due), so the job next runs at its next occurrence, as a newly deployed one.
+ENABLE = """
+UPDATE axa_schedule SET enabled = true, last_run = GREATEST(last_run, %(due)s)
+WHERE name = %(name)s AND NOT enabled
+RETURNING name
+"""
 # First sight of a schedule: remember the latest occurrence without running it. The
 # NOT EXISTS reads the committed row without waiting, where ON CONFLICT alone would
 # wait for a worker that holds the row locked and has just moved it forward.
@@ -152,10 +166,30 @@ def schedule(
                 # Absent: record it. Present but locked: another worker is on it; skip.
                 cursor.execute(FIRST_SIGHT, {"name": job.name, "due": due(job, now)})
                 continue
+            if not row[1]:
+                continue  # disabled (set_enabled): last_run stays, and ENABLE moves it past what was missed
             whens = occurrences(job, aware(row[0]), now)
+            these = []
             for when in whens:
                 options = replace(job.options, run_at=when, unique_key=unique_key(when), on_duplicate="return")
-                written.append(rows.write(job.name, {}, options, job))
-            if whens:
-                cursor.execute(ADVANCE, {"name": job.name, "due": whens[-1]})
+                these.append(rows.write(job.name, {}, options, job))
+            if these:
+                cursor.execute(ADVANCE, {"name": job.name, "due": whens[-1], "job": these[-1].pk})
+            written += these
     return written
+
+
+def set_enabled(job: registry.JobFunction[Any, Any], enabled: bool) -> bool:
+    """Switch the periodic ``job`` on or off for every worker; return whether it changed.
+
+    Off, no worker enqueues its occurrences. Switched on again, it next runs at its next
+    occurrence: those missed while it was off are not caught up.
+    """
+    if job.cron is None:
+        raise ValueError(f"job {job.name!r} is not a periodic job (it has no cron=)")
+    using = conf.get("DATABASE")
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute("SELECT now()")
+        now = aware(cursor.fetchone()[0])
+        cursor.execute(ENABLE if enabled else DISABLE, {"name": job.name, "due": due(job, now)})
+        return cursor.fetchone() is not None

@@ -109,6 +109,8 @@ ORDER = [
     "admin.pauses",
     "admin.workflows",
     "admin.names",
+    "admin.timeline",
+    "admin.periodic",
     "admin",
     "management",
     "management.listing",

@@ -21,8 +21,8 @@ from django.views.decorators.cache import never_cache
 from .. import unhandled
 from ..models import FailedJob, Job, QueueDashboard, QueuePause
 from ..ops import dashboard, fleetstats
-from . import pauses
-from .actions import JobActions, breadcrumbs, cancellable, job_id
+from . import pauses, periodic
+from .actions import breadcrumbs, cancellable, job_id
 from .display import (
     JobPermissions,
     error_line,
@@ -46,6 +46,7 @@ from .lists import (
 )
 from .names import JobNamesAdmin
 from .pagination import EstimatedCountPaginator
+from .timeline import JobTimeline
 from .workflows import JobWorkflowFields, WorkflowAdmin
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "error_line",
     "format_duration",
     "pauses",
+    "periodic",
     "status_badge",
 ]
 
@@ -64,7 +66,7 @@ TIME_FIELDS = ("created_full", "run_at_full", "started_full", "finished_full", "
 
 
 @admin.register(Job)
-class JobAdmin(JobPermissions, JobWorkflowFields, JobActions):
+class JobAdmin(JobPermissions, JobWorkflowFields, JobTimeline):
     """All jobs: list, read-only detail, retry, cancel and delete, each behind its permission."""
 
     change_list_template = "admin/axa_django/job/change_list.html"
@@ -246,6 +248,7 @@ class JobAdmin(JobPermissions, JobWorkflowFields, JobActions):
                 retry_url=reverse("admin:axa_django_job_retry", args=[job.pk], current_app=name),
                 cancel_url=reverse("admin:axa_django_job_cancel", args=[job.pk], current_app=name),
                 delete_url=reverse("admin:axa_django_job_delete", args=[job.pk], current_app=name),
+                **self.timeline_context(request, job),
             )
         return super().change_view(request, object_id, form_url, context)
 
@@ -266,7 +269,7 @@ class JobAdmin(JobPermissions, JobWorkflowFields, JobActions):
         return super().changelist_view(request, context)
 
     def get_urls(self) -> list[URLPattern]:
-        return self.action_urls() + super().get_urls()
+        return self.action_urls() + self.timeline_urls() + super().get_urls()
 
 
 @admin.register(FailedJob)

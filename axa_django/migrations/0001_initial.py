@@ -807,4 +807,20 @@ class Migration(migrations.Migration):
             },
             bases=("axa_django.job",),
         ),
+        # The periodic jobs page: an entry switched off, and the job of its last occurrence.
+        migrations.AddField(model_name="schedule", name="enabled", field=models.BooleanField(db_default=True)),
+        migrations.AddField(model_name="schedule", name="last_job_id", field=models.UUIDField(blank=True, null=True)),
+        migrations.CreateModel(
+            name="PeriodicJob",
+            fields=[],
+            options={
+                "verbose_name": "periodic job",
+                "verbose_name_plural": "periodic jobs",
+                "proxy": True,
+                "default_permissions": (),
+                "indexes": [],
+                "constraints": [],
+            },
+            bases=("axa_django.schedule",),
+        ),
     ]

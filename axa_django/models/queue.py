@@ -38,6 +38,11 @@ class Schedule(models.Model):
 
     name = models.TextField(primary_key=True)
     last_run = models.DateTimeField()
+    # Off (the admin's periodic jobs page): workers enqueue none of its occurrences.
+    enabled = models.BooleanField(db_default=True)
+    # The job of the last occurrence enqueued: the page's "last run", read by its id
+    # (the history has no index by name).
+    last_job_id = models.UUIDField(null=True, blank=True)
 
     class Meta:
         db_table = "axa_schedule"
@@ -117,3 +122,15 @@ class FinishedHour(models.Model):
 
     def __str__(self) -> str:
         return f"{self.hour:%Y-%m-%d %H:00%z}: {self.completed} completed, {self.failed} failed"
+
+
+class PeriodicJob(Schedule):
+    """The periodic jobs page's admin entry: every cron entry, its last and next run, enable and disable."""
+
+    class Meta:
+        proxy = True
+        app_label = "axa_django"
+        verbose_name = "periodic job"
+        verbose_name_plural = "periodic jobs"
+        # Access is Schedule's (view_schedule, change_schedule) or Job's view, not new permissions.
+        default_permissions = ()

@@ -171,6 +171,8 @@ if os.environ.get("AXA_TEST_CRON"):
     # Only the worker subprocesses of the cron tests know the every-second job, so
     # other tests' workers do not enqueue it.
     from . import cron_jobs  # noqa: F401
+if os.environ.get("AXA_TEST_CONSOLE_CRON"):
+    from . import console_cron_jobs  # noqa: F401  (the periodic jobs page's worker test)
 
 # Jobs of the hardening tests, one module per area.
 from . import (  # noqa: E402, F401
