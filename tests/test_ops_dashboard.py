@@ -80,7 +80,7 @@ def test_names_are_escaped_on_the_page_and_data_in_the_poll(admin_client):
 def test_the_page_polls_with_no_external_assets_and_pauses_when_hidden(admin_client):
     html = admin_client.get(page_url()).content.decode()
     assert f'data-url="{data_url()}"' in html and 'data-every="5"' in html
-    for asked, every in [("2", "2"), ("0", "5"), ("61", "5"), ("x", "5"), ("-1", "5")]:
+    for asked, every in [("2", "2"), ("0", "5"), ("61", "5"), ("x", "5"), ("-1", "5"), ("\u00b2", "5")]:
         page = admin_client.get(page_url(), {"refresh": asked}).content.decode()
         assert f'data-every="{every}"' in page, asked
     (script,) = re.findall(r"<script>(.*?)</script>", html, re.S)

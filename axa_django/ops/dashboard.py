@@ -250,7 +250,7 @@ def chart_svg(hours: list[Hour], width: int = 720, height: int = 180) -> SafeStr
 
 def refresh_seconds(asked: str | None) -> int:
     """The page's refresh interval: ``?refresh=N`` (1 to 60 seconds) or REFRESH_SECONDS."""
-    if asked is not None and asked.isdigit() and 1 <= int(asked) <= 60:
+    if asked is not None and asked.isascii() and asked.isdigit() and 1 <= int(asked) <= 60:
         return int(asked)
     return REFRESH_SECONDS
 

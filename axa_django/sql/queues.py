@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from .claims import CLAIM_RETURNING, CLAIMED
 
-QUEUE_NAMESPACE = 0x0A7A0003
+QUEUE_NAMESPACE = 0x0A7A0004
 
 # OFFSET 0 keeps the filters below the lock: a queue is locked only if this worker
 # serves it and it is not paused.
