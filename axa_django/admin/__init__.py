@@ -21,7 +21,7 @@ from django.views.decorators.cache import never_cache
 from .. import unhandled
 from ..models import FailedJob, Job, QueueDashboard, QueuePause
 from ..ops import dashboard, fleetstats
-from . import pauses
+from . import pauses, queuepage, workerpage
 from .actions import JobActions, breadcrumbs, cancellable, job_id
 from .display import (
     JobPermissions,
@@ -55,7 +55,9 @@ __all__ = [
     "error_line",
     "format_duration",
     "pauses",
+    "queuepage",
     "status_badge",
+    "workerpage",
 ]
 
 TIME_FIELDS = ("created_full", "run_at_full", "started_full", "finished_full", "updated_full", "duration_shown")

@@ -751,4 +751,43 @@ class Migration(migrations.Migration):
         migrations.RunSQL(HISTORY, DROP_HISTORY),
         migrations.RunSQL(REQUEUE, NO_REQUEUE),
         migrations.RunSQL(QUEUE_CONTROL_NOTIFY, DROP_QUEUE_CONTROL_NOTIFY),
+        # The Workers page's graceful stop (read back by the heartbeat), and the Queues and
+        # Workers pages' admin entries.
+        migrations.AddField(
+            model_name="worker",
+            name="stop_requested_by",
+            field=models.TextField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name="worker",
+            name="stop_requested_at",
+            field=models.DateTimeField(blank=True, null=True),
+        ),
+        migrations.CreateModel(
+            name="Queue",
+            fields=[],
+            options={
+                "verbose_name": "queue",
+                "verbose_name_plural": "queues",
+                "proxy": True,
+                "default_permissions": (),
+                "indexes": [],
+                "constraints": [],
+            },
+            bases=("axa_django.queuepause",),
+        ),
+        migrations.CreateModel(
+            name="LiveWorker",
+            fields=[],
+            options={
+                "verbose_name": "worker",
+                "verbose_name_plural": "workers",
+                "permissions": [("stop_worker", "Can ask a worker to stop")],
+                "proxy": True,
+                "default_permissions": (),
+                "indexes": [],
+                "constraints": [],
+            },
+            bases=("axa_django.worker",),
+        ),
     ]

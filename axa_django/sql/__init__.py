@@ -154,17 +154,19 @@ VALUES (%(worker)s, %(hostname)s, %(pid)s, %(concurrency)s, %(queues)s::jsonb, %
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 """
 
-# Heartbeat, and collect cancellations asked of this worker's running jobs. The jobs are
+# Heartbeat, collect cancellations asked of this worker's running jobs, and read back
+# who asked this worker to stop from the admin (NULL: nobody; the Workers page). The jobs are
 # found by their ids (the worker's in flight), never through axa_queue_running by worker
 # id: under a held snapshot, that walk reads every row this worker ever ran, and a
 # heartbeat slowed past its timeout would have the worker taken for dead.
 HEARTBEAT = f"""
-WITH beat AS (UPDATE axa_worker SET heartbeat_at = now() WHERE id = %(worker)s RETURNING id)
+WITH beat AS (UPDATE axa_worker SET heartbeat_at = now() WHERE id = %(worker)s RETURNING id, stop_requested_by)
 SELECT (SELECT count(*) FROM beat),
        ARRAY(SELECT id FROM ONLY axa_queue
              WHERE id = ANY(%(ids)s::uuid[]) AND worker_id IS NOT DISTINCT FROM %(worker)s
                AND status || '' = 'running' AND cancel_requested),
-       {NO_FLUSH}
+       {NO_FLUSH},
+       (SELECT stop_requested_by FROM beat)
 """
 
 # Requeue jobs of dead workers (no heartbeat within the lease), and rows claimed

@@ -12,6 +12,7 @@ import functools
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -49,8 +50,12 @@ class Heartbeat:
         ledger: Ledger,
         lookout: Lookout | None = None,
         watchman: Watchman | None = None,
+        on_stop_request: Callable[[], None] | None = None,
     ) -> None:
         self.options, self.worker_id, self.control, self.ledger = options, worker_id, control, ledger
+        # What a stop asked from the admin does: this worker's stop, or its process's (per-queue pools).
+        self.on_stop_request = on_stop_request or control.stop
+        self.stop_requested_by: str | None = None
         # After a beat, when due: the look behind the lanes' floors, the rescue, the look for unhandled jobs.
         self.lookout, self.watchman = lookout, watchman
         self.summary = Summary(worker_id)
@@ -83,7 +88,7 @@ class Heartbeat:
                 with conn.transaction(), conn.cursor() as cursor:
                     cursor.execute(sql.TIMEOUTS, {"statement": timeout, "lock": timeout})
                     cursor.execute(sql.HEARTBEAT, {"worker": self.worker_id, "ids": self.ledger.ids()})
-                    alive, cancelled, _ = cursor.fetchone() or (1, [], None)
+                    alive, cancelled, _, stop_by = cursor.fetchone() or (1, [], None, None)
                     if not alive:
                         self.rejoin(cursor)
             except refused.OUTAGE as error:
@@ -107,6 +112,8 @@ class Heartbeat:
             due, retry = began + interval, RETRY_FIRST
             self.touch_health_file()
             self.ledger.cancel(cancelled)
+            if stop_by is not None and self.stop_requested_by is None:
+                self.stop_requested(stop_by)
             # What follows has 60% of an interval, so that even after a beat that took its
             # whole timeout the next comes within 1.6 intervals (the lease is three): each
             # statement is cut at what is left, and what did not fit runs after the next beat.
@@ -123,6 +130,16 @@ class Heartbeat:
                 close(conn)
                 conn = None
         close(conn)
+
+    def stop_requested(self, by: str) -> None:
+        """Someone asked this worker to stop from the admin: stop as on SIGTERM (jobs in progress finish)."""
+        self.stop_requested_by = by
+        logger.info(
+            "worker %s: %s asked it to stop from the admin; finishing jobs in progress",
+            self.worker_id,
+            by or "someone",
+        )
+        self.on_stop_request()
 
     def rejoin(self, cursor: psycopg.Cursor[Any]) -> None:
         """Our row was taken for dead (cut off past the lease): drop the rows claimed ahead, register again.
