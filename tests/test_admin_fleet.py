@@ -331,7 +331,10 @@ def test_the_workers_page_lists_live_workers_and_what_each_thread_runs(admin_cli
         "2 of 2",
         "1",
     )
-    assert shown["runs"] == "a, b, c and 2 more names; task backends tasks"
+    assert (
+        shown["runs"] == "5 job names; task backends tasks"
+        and shown["runs_title"] == "a\nb\nc\nd\ne\ntask backend tasks"
+    )
     jobs = Job.objects.filter(worker_id=busy).order_by("started_at")
     listed = [(j["id"], j["attempt"], j["running"]) for j in shown["jobs"]]
     assert listed == [(str(jobs[0].pk), 2, "1 min 15 s"), (str(jobs[1].pk), 1, "2.0 s"),

@@ -31,7 +31,7 @@ from .lists import refuse_nul
 logger = logging.getLogger("axa_django")
 
 PERMISSION = "axa_django.stop_worker"
-# Names of jobs (and task backends) a worker's cell lists before "and N more".
+# Job names (and task backends) a worker's cell names; past this many it counts them.
 NAMES_SHOWN = 3
 
 
@@ -40,9 +40,8 @@ def _ago(seconds: float | None) -> str:
 
 
 def _some(items: list[str], what: str) -> str:
-    if len(items) <= NAMES_SHOWN:
-        return ", ".join(items)
-    return f"{', '.join(items[:NAMES_SHOWN])} and {len(items) - NAMES_SHOWN:,} more {what}"
+    # A few are named; more are counted (the cell's title lists them all).
+    return ", ".join(items) if len(items) <= NAMES_SHOWN else f"{len(items):,} {what}"
 
 
 def shown(worker: fleetview.WorkerRow, job_url: str) -> dict[str, Any]:
@@ -50,7 +49,7 @@ def shown(worker: fleetview.WorkerRow, job_url: str) -> dict[str, Any]:
 
     ``job_url`` is a job page's URL for the zero id, whose id each job's link replaces.
     """
-    runs = _some(worker.names, "names") if worker.names else "no job names"
+    runs = _some(worker.names, "job names") if worker.names else "no job names"
     if worker.backends:
         runs += f"; task backends {_some(worker.backends, 'backends')}"
     stopping = ""
