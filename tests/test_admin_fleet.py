@@ -178,6 +178,10 @@ def test_the_queues_page_shows_each_queues_figures_as_sql_counts_them(admin_clie
         and cell(capped, "axa-q-limit") == "at most 3 running"
     )
     assert 'id="axa-pause-form"' in html and 'id="axa-limit-form"' in html
+    # A queue's name links to its jobs.
+    assert f'href="{reverse("admin:axa_django_job_changelist")}?queue=mail"' in row
+    listed = admin_client.get(reverse("admin:axa_django_job_changelist"), {"queue": "mail"})
+    assert listed.status_code == 200 and {job.queue for job in listed.context["cl"].result_list} == {"mail"}
 
 
 @pytest.mark.django_db
@@ -242,6 +246,14 @@ def test_queue_controls_need_pause_queue_and_each_is_logged_and_kept_in_the_hist
     assert not QueuePause.objects.exists() and not QueueLimit.objects.exists()
     assert QueuePause.objects.model._meta.db_table == "axa_paused_queue"
 
+    # The admin's index lists the changes among its recent actions.
+    assert operator.get(reverse("admin:index")).status_code == 200
+    # Without the CSRF token a control is refused, whatever the permission.
+    guarded = Client(enforce_csrf_checks=True)
+    guarded.force_login(User.objects.get(pk=operator.session["_auth_user_id"]))
+    assert guarded.post(ACTION, {"do": "pause", "queue": "mail"}).status_code == 403
+    assert not QueuePause.objects.exists()
+
     # Nothing to do: said so, nothing written, nothing logged.
     for data in ({"do": "resume", "queue": "mail"}, {"do": "unlimit", "queue": "mail"}):
         response = operator.post(ACTION, data, follow=True)
@@ -280,6 +292,8 @@ def test_a_nul_in_any_parameter_is_a_400(admin_client: Client) -> None:
     assert admin_client.post(ACTION, {"do": "pause", "queue": "mail", "reason": "\x00"}).status_code == 400
     assert admin_client.get(QUEUES, {"queue": "\x00"}).status_code == 400
     assert admin_client.get(WORKERS, {"refresh": "\x00"}).status_code == 400
+    assert admin_client.get(QUEUES_DATA, {"x": "\x00"}).status_code == 400
+    assert admin_client.get(WORKERS_DATA, {"x": "\x00"}).status_code == 400
     assert admin_client.post(STOP, {"worker": "\x00"}).status_code == 400
     assert not QueuePause.objects.exists() and not LogEntry.objects.exists()
 
@@ -391,6 +405,9 @@ def test_a_stop_needs_stop_worker_and_says_why_when_nothing_is_asked(caplog: pyt
     ]:
         assert messages_of(stopper.post(STOP, {"worker": posted}, follow=True))[0].startswith(said)
     assert LogEntry.objects.count() == 1 and Worker.objects.get(pk=dead).stop_requested_by is None
+    guarded = Client(enforce_csrf_checks=True)
+    guarded.force_login(User.objects.get(pk=stopper.session["_auth_user_id"]))
+    assert guarded.post(STOP, {"worker": str(dead)}).status_code == 403
 
 
 # The stop request meets the heartbeat on the worker's row.

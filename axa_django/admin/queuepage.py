@@ -158,6 +158,9 @@ class QueuesAdmin(admin.ModelAdmin):
             return HttpResponseNotAllowed(["GET"])
         if not self.has_view_permission(request):
             return JsonResponse({"error": "you may not view queues"}, status=403)
+        refused = refuse_nul(request.GET)
+        if refused is not None:
+            return refused
         started = time.perf_counter()
         return JsonResponse(poll(fleetview.queues(), time.perf_counter() - started))
 

@@ -137,6 +137,9 @@ class WorkersAdmin(admin.ModelAdmin):
             return HttpResponseNotAllowed(["GET"])
         if not self.has_view_permission(request):
             return JsonResponse({"error": "you may not view workers"}, status=403)
+        refused = refuse_nul(request.GET)
+        if refused is not None:
+            return refused
         started = time.perf_counter()
         snapshot = fleetview.workers()
         data = snapshot.as_dict()
