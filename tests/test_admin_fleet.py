@@ -529,9 +529,18 @@ def test_a_worker_asked_to_stop_from_the_page_finishes_its_job_and_exits(
     pool_row = Worker.objects.get(queues=["emails"])
     with connection.cursor() as cursor:
         cursor.execute("UPDATE axa_worker SET heartbeat_at = now() - interval '5 seconds' WHERE id = %s", [pool_row.pk])
-    asked = time.monotonic()
     assert "was asked to stop" in messages_of(admin_client.post(STOP, {"worker": str(pool_row.pk)}, follow=True))[0]
-    seen = wait_for(lambda: pools_out.find(f"worker {pool_row.pk}: admin asked"), 10, "the pool to log the stop")
-    assert seen - asked < 2.0 + 1.0, f"{seen - asked:.2f} s: more than one beat (2 s) and a second of slack"
+    # The first beat after the request reads it: the row is seen beaten at most once before the
+    # worker says so. (Counted in beats, not seconds: a loaded machine stretches the seconds.)
+    beats: set[Any] = set()
+
+    def stop_seen() -> bool:
+        row = Worker.objects.filter(pk=pool_row.pk).values_list("heartbeat_at", "stop_requested_at").first()
+        if row is not None and row[0] > row[1]:
+            beats.add(row[0])  # a beat after the request
+        return pools_out.find(f"worker {pool_row.pk}: admin asked") is not None
+
+    wait_for(stop_seen, 10, "the pool to log the stop")
+    assert len(beats) <= 1, f"{sorted(beats)}: beaten more than once after the request before it stopped"
     assert pools.wait(timeout=30) == 0, pools_out
     assert not Worker.objects.exists()
