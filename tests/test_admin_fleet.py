@@ -355,7 +355,17 @@ def test_the_workers_page_lists_live_workers_and_what_each_thread_runs(admin_cli
                       (str(jobs[2].pk), 0, "claimed ahead, waiting for a thread")]  # fmt: skip
     assert shown["jobs"][0]["url"] == reverse("admin:axa_django_job_change", args=[jobs[0].pk])
     assert data["workers"][1]["shown"]["heartbeat"] == "20.0 s ago" and data["workers"][1]["shown"]["jobs"] == []
-    assert data["summary"] == "2 live workers, 6 threads, 2 busy."
+    threads = sql_one(
+        "SELECT sum(concurrency) FROM axa_worker WHERE heartbeat_at >= now() - make_interval(secs => lease_seconds)"
+    )
+    busy_threads = sql_one(
+        "SELECT count(started_at) FROM axa_queue WHERE status = 'running' AND worker_id IN (%s, %s)", [busy, idle]
+    )
+    assert (
+        data["summary"]
+        == f"2 live workers, {threads} threads, {busy_threads} busy."
+        == "2 live workers, 6 threads, 2 busy."
+    )
 
     html = admin_client.get(WORKERS).content.decode()
     row = row_of(html, "data-worker", busy)
