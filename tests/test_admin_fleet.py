@@ -28,6 +28,10 @@ from axa_django.models import QueueLimit, QueuePause, Worker
 from axa_django.models.queue import LiveWorker, Queue
 from axa_django.ops import fleetview
 from axa_django.worker import connect
+from axa_django.worker.control import Control
+from axa_django.worker.heartbeat import Heartbeat
+from axa_django.worker.ledger import Ledger
+from axa_django.worker.options import Options
 from tests.conftest import AXA_APPS, Workers, wait_for
 from tests.races import Actor, register, run_into
 from tests.testapp import ops_jobs
@@ -487,6 +491,26 @@ def sql_row(query: str, params: Any) -> Any:
         return cursor.fetchone()
 
 
+@pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
+@pytest.mark.parametrize("stopping", [False, True])
+def test_a_beat_that_finds_no_row_registers_again_unless_the_worker_is_stopping(tmp_path: Any, stopping: bool) -> None:
+    # A stopping worker's shutdown deletes its row; a beat meeting it found no row and
+    # registered the exited worker again, live-looking for a lease (seen on the Workers page).
+    health = tmp_path / "beat"
+    control = Control()
+    if stopping:
+        control.stop()
+    beat = Heartbeat(Options.build(health_file=str(health)), uuid.uuid4(), control, Ledger())
+    thread = threading.Thread(target=beat.loop, daemon=True)
+    thread.start()
+    wait_for(health.exists, 10, "the heartbeat to start")
+    started = health.stat().st_mtime_ns
+    wait_for(lambda: health.stat().st_mtime_ns != started, 10, "a beat")  # touched after each beat
+    control.done.set()
+    thread.join(timeout=10)
+    assert Worker.objects.filter(pk=beat.worker_id).exists() is not stopping
+
+
 # Real workers asked to stop from the page.
 
 
@@ -527,19 +551,20 @@ def test_a_worker_asked_to_stop_from_the_page_finishes_its_job_and_exits(
     plain_row = Worker.objects.get(queues=["default"])
 
     response = admin_client.post(STOP, {"worker": str(plain_row.pk)}, follow=True)
-    assert "was asked to stop" in messages_of(response)[0]
+    assert "was asked to stop" in messages_of(response)[0], f"{messages_of(response)}\n{plain_out}"
     wait_for(lambda: plain_out.find("admin asked it to stop from the admin"), 10, "the worker to log the stop")
     assert plain.wait(timeout=30) == 0, plain_out
     said = f"worker {plain_row.pk}: admin asked it to stop from the admin; finishing jobs in progress"
     assert plain_out.find(said) is not None, plain_out
-    assert Job.objects.get(pk=job.pk).status == "completed"  # it finished the job it ran, then exited
+    assert Job.objects.get(pk=job.pk).status == "completed", plain_out  # it finished the job it ran, then exited
     assert not Worker.objects.filter(pk=plain_row.pk).exists()
 
     # A pool whose last beat is older (its lease not yet out): asked, it stops within one beat, and its process with it.
     pool_row = Worker.objects.get(queues=["emails"])
     with connection.cursor() as cursor:
-        cursor.execute("UPDATE axa_worker SET heartbeat_at = now() - interval '5 seconds' WHERE id = %s", [pool_row.pk])
-    assert "was asked to stop" in messages_of(admin_client.post(STOP, {"worker": str(pool_row.pk)}, follow=True))[0]
+        cursor.execute("UPDATE axa_worker SET heartbeat_at = now() - interval '3 seconds' WHERE id = %s", [pool_row.pk])
+    said = messages_of(admin_client.post(STOP, {"worker": str(pool_row.pk)}, follow=True))
+    assert "was asked to stop" in said[0], f"{said}\n{pools_out}"
     # The first beat after the request reads it: the row is seen beaten at most once before the
     # worker says so. (Counted in beats, not seconds: a loaded machine stretches the seconds.)
     beats: set[Any] = set()
@@ -553,4 +578,4 @@ def test_a_worker_asked_to_stop_from_the_page_finishes_its_job_and_exits(
     wait_for(stop_seen, 10, "the pool to log the stop")
     assert len(beats) <= 1, f"{sorted(beats)}: beaten more than once after the request before it stopped"
     assert pools.wait(timeout=30) == 0, pools_out
-    assert not Worker.objects.exists()
+    assert not Worker.objects.exists(), f"{list(Worker.objects.values())}\n{plain_out}\n{pools_out}"

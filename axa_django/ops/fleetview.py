@@ -97,9 +97,10 @@ ORDER BY started_at NULLS LAST, id LIMIT %(limit)s
 """
 
 # Ask one live worker to stop: its next heartbeat reads the request back (sql.HEARTBEAT).
-# A request already made stands (the first asker is the one the worker names).
+# A request already made stands (the first asker is the one the worker names). The time is
+# the write's own, after any beat it waited for: every beat later than it reads the request.
 STOP = """
-UPDATE axa_worker SET stop_requested_by = %(by)s, stop_requested_at = now()
+UPDATE axa_worker SET stop_requested_by = %(by)s, stop_requested_at = clock_timestamp()
 WHERE id = %(worker)s AND stop_requested_by IS NULL AND heartbeat_at >= now() - make_interval(secs => lease_seconds)
 RETURNING hostname, pid
 """
@@ -303,7 +304,7 @@ def workers(using: str | None = None) -> Workers:
                     up,
                     age,
                     stop_by,
-                    stop_age,
+                    max(stop_age, 0.0) if stop_age is not None else None,  # asked after this read began: just now
                 )
             )
         by_id = {w.id: w for w in live}

@@ -142,19 +142,25 @@ class Heartbeat:
         self.on_stop_request()
 
     def rejoin(self, cursor: psycopg.Cursor[Any]) -> None:
-        """Our row was taken for dead (cut off past the lease): drop the rows claimed ahead, register again.
+        """Our row is gone (taken for dead, or by our own stop): drop the rows claimed ahead; rejoin unless stopping.
 
         The rescue queued those rows again for any worker: running them here too ran each
         twice (a restart under three workers: 1,086 jobs). Rows claimed since are given back
         here; if this transaction fails, we stay unregistered and the next rescue takes them.
         """
-        logger.warning("worker %s was presumed dead; registering again", self.worker_id)
+        # A stopping worker's row may be gone by its own hand (the shutdown's last step, met
+        # by this beat): registered again, it looked live for a lease after the process had
+        # exited. It claims nothing more, so it needs no row; its rows claimed ahead still go.
+        stopping = self.control.stopping.is_set()
+        if not stopping:
+            logger.warning("worker %s was presumed dead; registering again", self.worker_id)
         waiting = self.ledger.take_waiting()
         self.ledger.forget(waiting)
         if waiting:
             cursor.execute(sql.UNCLAIM, {"ids": waiting, "worker": self.worker_id})
             logger.warning("dropped %d job(s) claimed ahead: the rescue gave them back to the queue", len(waiting))
-        cursor.execute(sql.REGISTER, self.options.registration(self.worker_id))
+        if not stopping:
+            cursor.execute(sql.REGISTER, self.options.registration(self.worker_id))
 
     def _run(
         self,
