@@ -21,7 +21,7 @@ from django.views.decorators.cache import never_cache
 from .. import unhandled
 from ..models import FailedJob, Job, QueueDashboard, QueuePause
 from ..ops import dashboard, fleetstats
-from . import pauses, periodic
+from . import pauses, periodic, queuepage, workerpage
 from .actions import breadcrumbs, cancellable, job_id
 from .display import (
     JobPermissions,
@@ -59,7 +59,9 @@ __all__ = [
     "format_duration",
     "pauses",
     "periodic",
+    "queuepage",
     "status_badge",
+    "workerpage",
 ]
 
 TIME_FIELDS = ("created_full", "run_at_full", "started_full", "finished_full", "updated_full", "duration_shown")

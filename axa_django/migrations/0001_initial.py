@@ -823,4 +823,43 @@ class Migration(migrations.Migration):
             },
             bases=("axa_django.schedule",),
         ),
+        # The Workers page's graceful stop (read back by the heartbeat), and the Queues and
+        # Workers pages' admin entries.
+        migrations.AddField(
+            model_name="worker",
+            name="stop_requested_by",
+            field=models.TextField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name="worker",
+            name="stop_requested_at",
+            field=models.DateTimeField(blank=True, null=True),
+        ),
+        migrations.CreateModel(
+            name="Queue",
+            fields=[],
+            options={
+                "verbose_name": "queue",
+                "verbose_name_plural": "queues",
+                "proxy": True,
+                "default_permissions": (),
+                "indexes": [],
+                "constraints": [],
+            },
+            bases=("axa_django.queuepause",),
+        ),
+        migrations.CreateModel(
+            name="LiveWorker",
+            fields=[],
+            options={
+                "verbose_name": "worker",
+                "verbose_name_plural": "workers",
+                "permissions": [("stop_worker", "Can ask a worker to stop")],
+                "proxy": True,
+                "default_permissions": (),
+                "indexes": [],
+                "constraints": [],
+            },
+            bases=("axa_django.worker",),
+        ),
     ]

@@ -24,6 +24,10 @@ class Worker(models.Model):
     # LEASE_SECONDS of this worker: its heartbeat is fresh for so long (the schema's
     # axa_queue_requeue guard reads it; a Rust service sharing the table knows no lease).
     lease_seconds = models.FloatField(db_default=30.0)
+    # Who asked this worker to stop from the admin, and when: its heartbeat reads them
+    # back on the connection it already holds and the worker stops as on SIGTERM.
+    stop_requested_by = models.TextField(null=True, blank=True)
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "axa_worker"
@@ -134,3 +138,32 @@ class PeriodicJob(Schedule):
         verbose_name_plural = "periodic jobs"
         # Access is Schedule's (view_schedule, change_schedule) or Job's view, not new permissions.
         default_permissions = ()
+
+
+# The admin's Queues and Workers pages (admin/queuepage.py, admin/workerpage.py): proxies,
+# so that each has an entry in the admin's index and its changes a place in its history.
+class Queue(QueuePause):
+    """The Queues page's admin entry: every queue with its figures, pause and limit."""
+
+    class Meta:
+        proxy = True
+        app_label = "axa_django"
+        verbose_name = "queue"
+        verbose_name_plural = "queues"
+        # Seeing needs view_job (or the paused queues' view); acting needs pause_queue.
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return self.queue  # the queue itself, paused or not (the admin's history names it so)
+
+
+class LiveWorker(Worker):
+    """The Workers page's admin entry: every live worker, what it runs, and a graceful stop."""
+
+    class Meta:
+        proxy = True
+        app_label = "axa_django"
+        verbose_name = "worker"
+        verbose_name_plural = "workers"
+        default_permissions = ()
+        permissions = [("stop_worker", "Can ask a worker to stop")]

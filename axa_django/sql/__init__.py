@@ -157,24 +157,24 @@ VALUES (%(worker)s, %(hostname)s, %(pid)s, %(concurrency)s, %(queues)s::jsonb, %
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 """
 
-# Heartbeat, and collect cancellations asked of this worker's running jobs. The jobs are
-# found by their ids (the worker's in flight), never through axa_queue_running by worker
-# id: under a held snapshot, that walk reads every row this worker ever ran, and a
-# heartbeat slowed past its timeout would have the worker taken for dead.
 # The fleet's poller (worker/quiet.py): the worker whose heartbeat connection holds this session
 # lock, taken by a beat (``elect``), let go when that connection closes (the worker stopped or died).
 POLLER_LOCK = "pg_try_advisory_lock(178913281, 1)"
-
+# Heartbeat, collect cancellations asked of this worker's running jobs, read back who asked
+# it to stop from the admin (NULL: nobody; the Workers page), and take the poll if ``elect``.
+# The jobs are found by their ids (the worker's in flight), never through axa_queue_running
+# by worker id: under a held snapshot, that walk reads every row this worker ever ran, and
+# a heartbeat slowed past its timeout would have the worker taken for dead.
 HEARTBEAT = f"""
-WITH beat AS (UPDATE axa_worker SET heartbeat_at = now() WHERE id = %(worker)s RETURNING id)
+WITH beat AS (UPDATE axa_worker SET heartbeat_at = now() WHERE id = %(worker)s RETURNING id, stop_requested_by)
 SELECT (SELECT count(*) FROM beat),
        ARRAY(SELECT id FROM ONLY axa_queue
              WHERE id = ANY(%(ids)s::uuid[]) AND worker_id IS NOT DISTINCT FROM %(worker)s
                AND status || '' = 'running' AND cancel_requested),
        {NO_FLUSH},
+       (SELECT stop_requested_by FROM beat),
        CASE WHEN %(elect)s THEN {POLLER_LOCK} END
 """
-
 
 # Requeue jobs of dead workers (no heartbeat within the lease), and rows claimed
 # without a worker id (the seed's CLAIM) that have run past STALE_MINUTES. A loss is

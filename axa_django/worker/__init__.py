@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from django.db import connections
 
@@ -118,9 +118,18 @@ class Worker:
         self.dispatcher = Dispatcher(options, worker_id, control, ledger, db, self.claimer, limited, quiet, watchman)
         self.finisher = Finisher(options, worker_id, control, ledger, limited, self.listener, quiet)
         lookout = Lookout(options, lanes, options.housekeeping_interval, rouse=lambda: _rouse(quiet, control))
+        # What a stop asked from the admin (the Workers page) does; per-queue pools stop their whole process.
+        self.on_stop_request: Callable[[], None] = control.stop
         # A burst worker's dispatcher keeps the watchman's work (it may be gone before a beat).
         self.heartbeat = Heartbeat(
-            options, worker_id, control, ledger, lookout, None if options.burst else watchman, quiet
+            options,
+            worker_id,
+            control,
+            ledger,
+            lookout,
+            None if options.burst else watchman,
+            quiet,
+            on_stop_request=lambda: self.on_stop_request(),
         )
         self.signals = Signals(control)
 

@@ -12,6 +12,7 @@ import functools
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -51,8 +52,12 @@ class Heartbeat:
         lookout: Lookout | None = None,
         watchman: Watchman | None = None,
         quiet: Quiet | None = None,
+        on_stop_request: Callable[[], None] | None = None,
     ) -> None:
         self.options, self.worker_id, self.control, self.ledger = options, worker_id, control, ledger
+        # What a stop asked from the admin does: this worker's stop, or its process's (per-queue pools).
+        self.on_stop_request = on_stop_request or control.stop
+        self.stop_requested_by: str | None = None
         # After a beat, when due: the look behind the lanes' floors, the rescue, the look for unhandled jobs.
         self.lookout, self.watchman = lookout, watchman
         # Where the beat says whether this worker polls for the fleet; none: it takes no part
@@ -91,7 +96,7 @@ class Heartbeat:
                     cursor.execute(sql.TIMEOUTS, {"statement": timeout, "lock": timeout})
                     params = {"worker": self.worker_id, "ids": self.ledger.ids(), "elect": elect}
                     cursor.execute(sql.HEARTBEAT, params)
-                    alive, cancelled, _, polls = cursor.fetchone() or (1, [], None, None)
+                    alive, cancelled, _, stop_by, polls = cursor.fetchone() or (1, [], None, None, None)
                     if not alive:
                         self.rejoin(cursor)
                 if elect and self.quiet is not None:
@@ -118,6 +123,8 @@ class Heartbeat:
             due, retry = began + interval, RETRY_FIRST
             self.touch_health_file()
             self.ledger.cancel(cancelled)
+            if stop_by is not None and self.stop_requested_by is None:
+                self.stop_requested(stop_by)
             # What follows has 60% of an interval, so that even after a beat that took its
             # whole timeout the next comes within 1.6 intervals (the lease is three): each
             # statement is cut at what is left, and what did not fit runs after the next beat.
@@ -142,20 +149,36 @@ class Heartbeat:
         if self.quiet is not None:
             self.quiet.poller = None
 
+    def stop_requested(self, by: str) -> None:
+        """Someone asked this worker to stop from the admin: stop as on SIGTERM (jobs in progress finish)."""
+        self.stop_requested_by = by
+        logger.info(
+            "worker %s: %s asked it to stop from the admin; finishing jobs in progress",
+            self.worker_id,
+            by or "someone",
+        )
+        self.on_stop_request()
+
     def rejoin(self, cursor: psycopg.Cursor[Any]) -> None:
-        """Our row was taken for dead (cut off past the lease): drop the rows claimed ahead, register again.
+        """Our row is gone (taken for dead, or by our own stop): drop the rows claimed ahead; rejoin unless stopping.
 
         The rescue queued those rows again for any worker: running them here too ran each
         twice (a restart under three workers: 1,086 jobs). Rows claimed since are given back
         here; if this transaction fails, we stay unregistered and the next rescue takes them.
         """
-        logger.warning("worker %s was presumed dead; registering again", self.worker_id)
+        # A stopping worker's row may be gone by its own hand (the shutdown's last step, met
+        # by this beat): registered again, it looked live for a lease after the process had
+        # exited. It claims nothing more, so it needs no row; its rows claimed ahead still go.
+        stopping = self.control.stopping.is_set()
+        if not stopping:
+            logger.warning("worker %s was presumed dead; registering again", self.worker_id)
         waiting = self.ledger.take_waiting()
         self.ledger.forget(waiting)
         if waiting:
             cursor.execute(sql.UNCLAIM, {"ids": waiting, "worker": self.worker_id})
             logger.warning("dropped %d job(s) claimed ahead: the rescue gave them back to the queue", len(waiting))
-        cursor.execute(sql.REGISTER, self.options.registration(self.worker_id))
+        if not stopping:
+            cursor.execute(sql.REGISTER, self.options.registration(self.worker_id))
 
     def _run(
         self,

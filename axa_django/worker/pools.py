@@ -42,6 +42,9 @@ class Pools:
             raise ValueError("per-queue pools need at least one queue")
         options["install_signals"] = False
         self.workers = [Worker(concurrency=size, queues=[queue], **options) for queue, size in sizes.items()]
+        for worker in self.workers:
+            # Asked from the admin to stop one pool's row: the process stops, as on SIGTERM.
+            worker.on_stop_request = self.stop
         self._signals = 0
         self._codes: dict[int, int] = {}
         self._errors: list[BaseException] = []
