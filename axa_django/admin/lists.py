@@ -34,6 +34,7 @@ SEARCH_SECONDS = 5
 QUERY_CANCELED = "57014"
 # Set on a request whose search was stopped: its list is shown again without it.
 STOPPED = "axa_search_stopped"
+NOTES = "axa_search_notes"
 
 
 def refuse_nul(*queries: QueryDict) -> HttpResponseBadRequest | None:
@@ -108,7 +109,7 @@ def search_notes(search: query.Search, using: str) -> list[str]:
     notes = []
     with connections[using].cursor() as cursor:
         for form, indexes, function in wanted:
-            lacking = sorted({table for index in indexes for table in searchindex.missing(cursor, index)})
+            lacking = searchindex.missing(cursor, *indexes)
             if lacking:
                 notes.append(
                     f"{form} search reads every job: {', '.join(lacking)} "
@@ -236,7 +237,11 @@ class JobChangeList(ChangeList):
             except query.SearchError as problem:
                 self.search_problem = str(problem)
             else:
-                self.search_notes = search_notes(search, self.root_queryset.db)
+                # Shown again with a stopped search, not read again: the catalog's functions lock
+                # each table, and a lock held on one is a reason a search is stopped.
+                if not self.search_stopped:
+                    setattr(request, NOTES, search_notes(search, self.root_queryset.db))
+                self.search_notes = getattr(request, NOTES, [])
         queryset = super().get_queryset(request, exclude_parameters)
         return queryset.defer("args", "result", "errors", "error").annotate(
             last_error_type=KT("errors__-1__type"),

@@ -60,26 +60,29 @@ WHERE c.oid = 'axa_queue'::regclass
    OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'axa_queue'::regclass)
 ORDER BY c.oid <> 'axa_queue'::regclass, c.relname
 """
-# Whether a table has a valid index of the pattern, whole-table (a partial one serves no search).
-HAS = """
-SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = %s::regclass AND i.indisvalid
-               AND i.indpred IS NULL AND pg_get_indexdef(i.indexrelid) ~ %s)
+# A valid whole-table GIN index of ``table`` whose definition shows ``pattern`` (a partial index
+# serves no search); only GIN indexes are deparsed.
+LIKE = """
+SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam
+WHERE i.indrelid = {table} AND a.amname = 'gin' AND i.indisvalid AND i.indpred IS NULL
+  AND pg_get_indexdef(i.indexrelid) ~ {pattern}
 """
+HAS = f"SELECT EXISTS ({LIKE.format(table='%s::regclass', pattern='%s')})"
 INVALID = "SELECT EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = to_regclass(%s) AND NOT indisvalid)"
-# The tables of the tree that lack such an index; axa_queue's tables only (the catalog, no rows).
-MISSING = """
+# The tables of axa_queue's tree that lack one of the patterns: the catalog, no rows.
+MISSING = f"""
 SELECT t.oid::regclass::text FROM
     (SELECT 'axa_queue'::regclass::oid UNION ALL
-     SELECT inhrelid FROM pg_inherits WHERE inhparent = 'axa_queue'::regclass) AS t(oid)
-WHERE NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = t.oid AND i.indisvalid
-                  AND i.indpred IS NULL AND pg_get_indexdef(i.indexrelid) ~ %s)
-ORDER BY 1
+     SELECT inhrelid FROM pg_inherits WHERE inhparent = 'axa_queue'::regclass) AS t(oid),
+    unnest(%s::text[]) AS p(pattern)
+WHERE NOT EXISTS ({LIKE.format(table="t.oid", pattern="p.pattern")})
+GROUP BY 1 ORDER BY 1
 """
 
 
-def missing(cursor: Any, index: SearchIndex) -> list[str]:
-    """The tables of ``axa_queue``'s tree that have no index like ``index`` (a search reads them whole)."""
-    cursor.execute(MISSING, [index.shows])
+def missing(cursor: Any, *indexes: SearchIndex) -> list[str]:
+    """The tables of ``axa_queue``'s tree lacking one of ``indexes`` (a search reads them whole)."""
+    cursor.execute(MISSING, [[index.shows for index in indexes]])
     return [row[0] for row in cursor.fetchall()]
 
 
