@@ -172,7 +172,9 @@ def main() -> None:
             return "(no statement: the search was stopped)"
         plan = "\n".join(row[0] for row in sql("EXPLAIN (ANALYZE, BUFFERS) " + listing[-1]))
         walked = sorted(set(re.findall(r"Index (?:Only )?Scan (?:Backward )?(?:using|on) (\S+)", plan)))
-        return ", ".join(walked) + (" + Seq Scan" if "Seq Scan" in plan else "")
+        ran = re.search(r"Execution Time: ([\d.]+) ms", plan)
+        shown = ", ".join(walked) + (" + Seq Scan" if "Seq Scan" in plan else "")
+        return f"{shown} ({float(ran.group(1)) if ran else 0:.1f} ms)"
 
     def measure() -> dict[str, tuple[float, float, str, str]]:
         figures = {}

@@ -330,3 +330,6 @@ def test_a_search_past_its_time_is_stopped_and_says_so(admin_client: Client, mon
         cursor.execute("SHOW statement_timeout")
         assert cursor.fetchone()[0] == "20s"  # the bound ended with the page
     assert admin_client.get(JOBS, {"q": "args.user_id:1"}).context["cl"].search_stopped is False
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW statement_timeout")
+        assert cursor.fetchone()[0] == "20s"  # set back after a search that answered too

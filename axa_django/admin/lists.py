@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -119,16 +120,31 @@ def search_notes(search: query.Search, using: str) -> list[str]:
     return notes
 
 
+class Deadline:
+    """An execute wrapper: each statement may take the time left of the page's bound, so the page's
+    statements together (a count, then the rows) stop at the bound, not each at its own."""
+
+    def __init__(self, seconds: float) -> None:
+        self.ends = time.monotonic() + seconds
+
+    def __call__(self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
+        left = max(1, round((self.ends - time.monotonic()) * 1000))
+        # On the driver's cursor: this statement is the bound's, not the page's (no wrapper, no debug log).
+        context["cursor"].cursor.execute("SELECT set_config('statement_timeout', %s, true)", [f"{left}ms"])
+        return execute(sql, params, many, context)
+
+
 def within_search_time(using: str, render: Callable[[], HttpResponse]) -> HttpResponse | None:
-    """``render()`` (a list page, rendered here) with each statement bounded; None if one was stopped."""
+    """``render()`` (a list page, rendered here) within SEARCH_SECONDS of statements; None if one was stopped."""
+    connection = connections[using]
     try:
-        with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        with transaction.atomic(using=using), connection.cursor() as cursor:
             cursor.execute("SELECT current_setting('statement_timeout')")
             (before,) = cursor.fetchone()
-            cursor.execute("SELECT set_config('statement_timeout', %s, true)", [f"{SEARCH_SECONDS * 1000:.0f}ms"])
-            response = render()
-            if isinstance(response, TemplateResponse):
-                response.render()  # the rows are read while rendering: inside the bound
+            with connection.execute_wrapper(Deadline(SEARCH_SECONDS)):
+                response = render()
+                if isinstance(response, TemplateResponse):
+                    response.render()  # the rows are read while rendering: inside the bound
             cursor.execute("SELECT set_config('statement_timeout', %s, true)", [before])
     except OperationalError as error:
         if getattr(error.__cause__, "sqlstate", None) != QUERY_CANCELED:
