@@ -141,6 +141,8 @@ def test_each_form_lists_what_sql_finds(admin_client: Client) -> None:
     where = f"""status = 'failed' AND finished_at >= {utc} AND args @> '{{"vip": true}}'"""
     assert ids == rows(where, [since], order="finished_at DESC, id DESC") and total == count(where, [since]) > 0
     assert shown_count(html) == f"{total:,}"
+    assert "after:2026-12-01 before:2026-12-06T10:00 (failed at)." in html  # the help says which time
+    assert "before:2026-12-06T10:00 (created)." in listed(admin_client, JOBS, "queue:mail")[2]
 
 
 def test_ids_and_plain_words_search_as_before(admin_client: Client) -> None:
