@@ -68,12 +68,12 @@ FORMS = [
     ("queue", "jobs", "queue:q2", "queue = 'q2'"),
     ("status", "jobs", "status:failed", "status = 'failed'"),
     ("name + status", "jobs", "name:app.jobs.job0 status:failed", "name = 'app.jobs.job0' AND status = 'failed'"),
-    ("a day (after: before:)", "jobs", "after:{day} before:{next}", "created_at >= '{day}' AND created_at < '{next}'"),
+    ("a day (after: before:)", "jobs", "after:{day} before:{next}", "created_at >= {day} AND created_at < {next}"),
     (
         "a day on Failed jobs",
         "failed",
         "after:{day} before:{next}",
-        "status = 'failed' AND finished_at >= '{day}' AND finished_at < '{next}'",
+        "status = 'failed' AND finished_at >= {day} AND finished_at < {next}",
     ),
     ("error text (common)", "jobs", "error:timed", "error ILIKE '%%timed%%'"),
     ("error text (one job)", "jobs", 'error:"bad value 777780"', "error ILIKE '%%bad value 777780%%'"),
@@ -115,6 +115,7 @@ def main() -> None:
     import django
 
     django.setup()
+    from django.conf import settings
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
     from django.db import connection
@@ -140,6 +141,8 @@ def main() -> None:
             sql(f"VACUUM ANALYZE {table}")
         sql("CHECKPOINT")
         print(f"filled {args.rows:,} finished and {args.ready:,} queued jobs in {time.perf_counter() - started:.0f} s")
+    [(version, rows)] = sql("SELECT version(), (SELECT count(*) FROM axa_history)")
+    print(f"server: {version.split(',')[0]}; {rows:,} jobs in axa_history; load average {os.getloadavg()[0]:.1f}")
     user = get_user_model().objects.filter(username="bench").first() or get_user_model().objects.create_superuser(
         "bench", "bench@example.com", "bench"
     )
@@ -180,10 +183,11 @@ def main() -> None:
         figures = {}
         for label, page, template, where in FORMS:
             term = template.replace("{day}", day).replace("{next}", following)
-            own = sql(
-                "SELECT count(*) FROM axa_queue WHERE " + where.replace("{day}", day).replace("{next}", following)
-            )
-            own = own[0][0]
+            # A date typed in the search box is in the site's time zone (settings.TIME_ZONE).
+            zone = settings.TIME_ZONE
+            where = where.replace("{day}", f"'{day}'::timestamp AT TIME ZONE '{zone}'")
+            where = where.replace("{next}", f"'{following}'::timestamp AT TIME ZONE '{zone}'")
+            own = sql("SELECT count(*) FROM axa_queue WHERE " + where)[0][0]
             reps = args.slow_reps if label.startswith(SLOW) else args.reps
             median, _, most = timed(lambda page=page, term=term: load(urls[page], term), reps)
             cl = load(urls[page], term).context["cl"]
