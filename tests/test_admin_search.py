@@ -258,7 +258,7 @@ def test_the_args_form_uses_the_opt_in_index_on_every_table_and_says_when_it_can
     note = re.search(r'class="axa-search-note">([^<]*)<', html)
     assert note and note.group(1).startswith("args.key:value search reads every job: "), html
     assert f"{', '.join(sorted(tree()))} have no index for it" in note.group(1)
-    assert "searchindex.add_args_index" in note.group(1) and "stopped after 5 s" in note.group(1)
+    assert "searchindex.add_args_index" in note.group(1) and "the page stops it after 5 s" in note.group(1)
     assert "args_path" not in args_plan(admin_client, "args.user_id:42")
 
     with connection.schema_editor() as editor:

@@ -114,8 +114,8 @@ def search_notes(search: query.Search, using: str) -> list[str]:
             if lacking:
                 notes.append(
                     f"{form} search reads every job: {', '.join(lacking)} "
-                    f"{'has' if len(lacking) == 1 else 'have'} no index for it, so it is stopped after "
-                    f"{SEARCH_SECONDS} s. A migration calling axa_django.ops.searchindex.{function} adds it."
+                    f"{'has' if len(lacking) == 1 else 'have'} no index for it, and the page stops it after "
+                    f"{SEARCH_SECONDS} s. A migration calling axa_django.ops.searchindex.{function} adds the index."
                 )
     return notes
 
