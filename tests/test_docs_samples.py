@@ -39,6 +39,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from axa_django import Job, background_job, signals
+from axa_django.ops import searchindex
 from axa_django.testing import run_jobs
 from benchmarks import history, partitions, soak, statements
 from benchmarks import run as benchmark
@@ -659,19 +660,28 @@ def test_tasks_page(workers, monkeypatch):
 
 
 @pytest.mark.django_db
-def test_admin_page_trigram_migration():
+def test_admin_page_search_migrations():
     with open_page("docs/admin.md") as page:
-        migration = page.module("# yourapp/migrations/0002_axa_trigram_search.py").Migration
-        assert migration.atomic is False
         graph = MigrationLoader(connection).graph
-        [(app, name)] = [d for d in migration.dependencies if d[0] == "axa_django"]
-        assert (app, name) in graph.nodes, f"docs/admin.md's migration depends on {name}, which axa_django lacks"
         with connection.cursor() as cursor:
             cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")  # TrigramExtension(); rolled back with the test
-            for operation in migration.operations[1:]:
-                # CONCURRENTLY cannot run in the test's transaction; the index it builds is the same.
-                cursor.execute(operation.sql.replace(" CONCURRENTLY", ""))
-                cursor.execute(operation.reverse_sql.replace(" CONCURRENTLY", ""))
+            cursor.execute(searchindex.TABLES)
+            tables = sorted(table for table, _ in cursor.fetchall())
+        for key, indexes in (
+            ("# yourapp/migrations/0002_axa_args_search.py", (searchindex.ARGS,)),
+            ("# yourapp/migrations/0002_axa_trigram_search.py", searchindex.TRIGRAMS),
+        ):
+            migration = page.module(key).Migration
+            assert migration.atomic is False
+            [(app, name)] = [d for d in migration.dependencies if d[0] == "axa_django"]
+            assert (app, name) in graph.nodes, f"docs/admin.md's migration depends on {name}, which axa_django lacks"
+            run = migration.operations[-1]
+            # In the test's transaction the indexes are built plainly (CONCURRENTLY needs none).
+            with connection.schema_editor() as editor, connection.cursor() as cursor:
+                run.code(None, editor)
+                assert searchindex.missing(cursor, *indexes) == []
+                run.reverse_code(None, editor)
+                assert searchindex.missing(cursor, *indexes) == tables
 
 
 # -- docs/upgrading.md -----------------------------------------------------------------------

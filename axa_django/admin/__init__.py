@@ -38,11 +38,11 @@ from .display import (
 from .lists import (
     FailedJobChangeList,
     JobChangeList,
+    JobSearch,
     NameFilter,
     QueueFilter,
     _registered_queues,
     refuse_nul,
-    search_jobs,
 )
 from .names import JobNamesAdmin
 from .pagination import EstimatedCountPaginator
@@ -68,7 +68,7 @@ TIME_FIELDS = ("created_full", "run_at_full", "started_full", "finished_full", "
 
 
 @admin.register(Job)
-class JobAdmin(JobPermissions, JobWorkflowFields, JobTimeline):
+class JobAdmin(JobPermissions, JobWorkflowFields, JobSearch, JobTimeline):
     """All jobs: list, read-only detail, retry, cancel and delete, each behind its permission."""
 
     change_list_template = "admin/axa_django/job/change_list.html"
@@ -87,10 +87,7 @@ class JobAdmin(JobPermissions, JobWorkflowFields, JobTimeline):
     )
     list_display_links = ("id_shown", "name")
     list_filter = ("status", NameFilter, QueueFilter, "created_at")
-    search_fields = ("name",)  # shows the search box; get_search_results does the searching
-    search_help_text = (
-        "A job id or its start, 8+ characters (searches ids only), a name, or text in the arguments or error."
-    )
+    search_fields = ("name",)  # shows the search box; JobSearch.get_search_results does the searching
     ordering = ("-created_at",)
     list_per_page = 50
     paginator = EstimatedCountPaginator
@@ -146,11 +143,6 @@ class JobAdmin(JobPermissions, JobWorkflowFields, JobTimeline):
         if len(_registered_queues()) < 2 and "queue" not in request.GET:
             columns = tuple(c for c in columns if c != "queue")  # one queue: the column says nothing
         return columns
-
-    def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
-    ) -> tuple[QuerySet[Any], bool]:
-        return search_jobs(queryset, search_term), False
 
     # Whole: ids begin with the time they were made (axa_django.ids), so their first
     # characters are shared by every job of the same minute.
@@ -281,6 +273,8 @@ class FailedJobAdmin(JobAdmin):
     list_display = ("id_shown", "name", "failed_at", "attempts_shown", "queue", "error_shown")
     list_filter = (NameFilter, QueueFilter, "finished_at")
     ordering = ("-finished_at",)
+    search_time_field = "finished_at"  # after: and before: bound the time this list is sorted by
+    search_time_label = "failed at"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return super().get_queryset(request).filter(status=Job.Status.FAILED)

@@ -109,6 +109,10 @@ class JobActions(admin.ModelAdmin):
         except IncorrectLookupParameters:
             self.message_user(request, "Those filters are not valid; nothing was retried.", messages.ERROR)
             return HttpResponseRedirect(back)
+        problem = getattr(changelist, "search_problem", None)
+        if problem:  # its queryset is empty: say why rather than "0 jobs"
+            self.message_user(request, f"{problem} Nothing was retried.", messages.ERROR)
+            return HttpResponseRedirect(back_to_list)
         if request.method == "POST" and request.POST.get("post") == "yes":
             result = changelist.queryset.retry()
             text = f"Queued {result} failed job{'s' if result != 1 else ''} matching this filter to run again."
