@@ -23,18 +23,19 @@ def test_the_benchmark_runs_and_counts_every_job_once(tmp_path):
     out = tmp_path / "bench.json"
     command = [sys.executable, "benchmarks/run.py", "--drain", "50", "--latency-jobs", "10", "--skip", "single"]
     command += ["--latency-gap", "0.01", "--skip", "bulk", "--skip", "drain2", "--skip", "claim"]
-    command += ["--idle-timeout", "0", "--db-prefix", prefix, "--json", str(out)]
+    command += ["--idle-timeout", "0", "--db-prefix", prefix, "--json", str(out), "--shapes", "names:3"]
     result = _run_then_drop(command, env, f"{prefix}axa")
     assert result.returncode == 0, result.stdout + result.stderr
     header = result.stdout.splitlines()[1]
     assert "fsync=" in header and "synchronous_commit=" in header, header
     assert "TCP " in header or "Unix socket" in header, header
     runs = json.loads(out.read_text())["runs"]["axa"]
-    assert set(runs) == {"drain1", "latency"}
-    for phase in ("drain1", "latency"):
+    assert set(runs) == {"drain1", "latency", "drain names:3"}
+    for phase in ("drain1", "latency", "drain names:3"):
         assert runs[phase][0]["duplicates"] == 0 and runs[phase][0]["missing"] == 0, runs[phase]
     assert runs["drain1"][0]["per_s"] > 0 and runs["latency"][0]["p99_ms"] > 0
     assert "duplicates 0, missing 0" in result.stdout
+    assert re.search(r"axa +names:3 jobs/s [\d.]+x", result.stdout), result.stdout
 
 
 def _soak(prefix: str, *extra: str) -> subprocess.Popen[str]:
@@ -148,6 +149,20 @@ def test_an_interrupted_soak_stops_its_worker_and_drops_its_database():
     assert not left, "the interrupted soak left its database behind"
     with pytest.raises(ProcessLookupError):
         os.kill(worker, 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_console_benchmark_loads_every_page_and_search_form():
+    name = f"{connection.settings_dict['NAME']}_console"
+    env = dict(os.environ)
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    command = [sys.executable, "benchmarks/console.py", "--url", database_url(), "--db", name]
+    command += ["--rows", "2000", "--queued", "100", "--reps", "1"]
+    result = _run_then_drop(command, env, name)
+    assert result.returncode == 0, result.stdout + result.stderr
+    timed = [line for line in result.stdout.splitlines() if re.search(r" [\d.]+ +[\d.]+ +[\d.]+$", line)]
+    assert len(timed) == 23, result.stdout
+    assert "built the opt-in arguments index" in result.stdout
 
 
 @pytest.mark.django_db(transaction=True)
