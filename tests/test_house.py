@@ -21,6 +21,7 @@ TABLES = (
     "axa_dependency",
     "axa_workflow",
     "axa_finished_hour",
+    "axa_bulk_operation",
 )
 PROBE = "axa_house_probe"
 

@@ -106,6 +106,8 @@ ORDER = [
     "admin.actions",
     "admin.pauses",
     "admin.workflows",
+    "admin.bulkjob",
+    "admin.bulk",
     "admin",
     "management",
     "management.listing",

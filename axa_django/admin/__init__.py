@@ -21,7 +21,7 @@ from django.views.decorators.cache import never_cache
 from .. import unhandled
 from ..models import FailedJob, Job, QueueDashboard, QueuePause
 from ..ops import dashboard, fleetstats
-from . import pauses
+from . import bulk, pauses
 from .actions import JobActions, breadcrumbs, cancellable, job_id
 from .display import (
     JobPermissions,
@@ -52,6 +52,7 @@ __all__ = [
     "JobAdmin",
     "QueueDashboardAdmin",
     "WorkflowAdmin",
+    "bulk",
     "error_line",
     "format_duration",
     "pauses",
