@@ -90,6 +90,8 @@ class JobActions(admin.ModelAdmin):
 
     def retry_matching_view(self, request: HttpRequest) -> HttpResponse:
         """The former "retry all matching" (one UPDATE): now the bulk retry's confirmation, in batches (bulk.py)."""
+        if request.method not in ("GET", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
         if not (self.has_view_permission(request) and self.has_retry_permission(request)):
             raise PermissionDenied
         refused = refuse_nul(request.GET, request.POST)
