@@ -98,6 +98,8 @@ def list_admin(site_name: str, list_name: str) -> Any:
 
 def user_of(user_pk: str) -> Any:
     """The user an operation was started by, or AnonymousUser if that user is gone."""
+    if not user_pk:
+        return AnonymousUser()
     model = get_user_model()
     try:
         return model._default_manager.filter(pk=model._meta.pk.to_python(user_pk)).first() or AnonymousUser()
