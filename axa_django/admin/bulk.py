@@ -48,10 +48,14 @@ from .pagination import EstimatedCountPaginator
 logger = logging.getLogger("axa_django")
 
 Status = BulkOperation.Status
+# The progress page's poll, unless ?refresh=N says otherwise: a running operation moves by the second.
+REFRESH_SECONDS = 2
 LIVE = (Status.QUEUED, Status.RUNNING)
 # The job statuses whose badge colours an operation's status.
 BADGES = {Status.QUEUED: "queued", Status.RUNNING: "running", Status.DONE: "completed"}
 VERBS = {"retry": "Retry", "cancel": "Cancel", "delete": "Delete"}
+# The lists an operation starts from, as the admin's index names them.
+LABELS = {"job": "Jobs", "failedjob": "Failed jobs"}
 # What the confirmation asks: the jobs (a noun, made plural by the count), and what becomes of them.
 WHAT = {
     "retry": ("failed job", "to queue again to run now"),
@@ -264,6 +268,7 @@ class BulkOperationAdmin(JobPermissions, admin.ModelAdmin):
             "badge": badge(op.status),
             "filters": [(key, value) for key, values in QueryDict(op.query).lists() for value in values],
             "list_url": f"{back}?{op.query}" if op.query else back,
+            "list_label": LABELS.get(op.list_name, op.list_name),
             "job_url": reverse("admin:axa_django_job_change", args=[op.job_id], current_app=name) if op.job_id else "",
             "created": full_time(op.created_at),
             "finished": full_time(op.finished_at),
@@ -272,7 +277,7 @@ class BulkOperationAdmin(JobPermissions, admin.ModelAdmin):
             "cancel_url": reverse("admin:axa_django_bulkoperation_cancel", args=[op.pk], current_app=name),
             "resume_url": reverse("admin:axa_django_bulkoperation_resume", args=[op.pk], current_app=name),
             "data_url": reverse("admin:axa_django_bulkoperation_data", args=[op.pk], current_app=name),
-            "refresh_seconds": dashboard.refresh_seconds(request.GET.get("refresh")),
+            "refresh_seconds": dashboard.refresh_seconds(request.GET.get("refresh", str(REFRESH_SECONDS))),
             "unserved": served() if op.status in LIVE else "",
         }
         request.current_app = name
