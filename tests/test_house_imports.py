@@ -129,6 +129,8 @@ LAZY = {
     ("", "registry"),
     ("", "workflows"),
     ("apps", "workflows"),
+    # Only with django.contrib.admin installed: the bulk operations' job, in every worker.
+    ("apps", "admin.bulkjob"),
     # JobContext loads with the package (settings.py); parent_results needs the settings.
     ("context", "conf"),
     ("context", "django"),
