@@ -12,6 +12,7 @@ import logging
 import uuid
 from typing import Any
 
+import psycopg
 import pytest
 from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
 from django.db import connection
@@ -23,6 +24,7 @@ from axa_django.admin import bulkjob
 from axa_django.models import Job
 from axa_django.models.queue import BulkOperation
 from axa_django.testing import run_jobs
+from tests.conftest import database_url
 from tests.test_admin import FAILED, JOBS, make_job, messages_of, user_with
 from tests.testapp.admin_jobs import refresh_account
 
@@ -279,3 +281,29 @@ def test_jobs_made_after_the_confirmation_are_left_out(admin_client: Client) -> 
     op = run(op)
     assert (op.matched, op.changed) == (1, 1)
     assert Job.objects.get(pk=first.pk).status == "queued" and Job.objects.get(pk=later.pk).status == "failed"
+
+
+def test_a_batch_that_times_out_on_a_lock_goes_row_by_row_and_keeps_the_held_row_for_the_end(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another session enqueues a job with the failed one's unique key and holds its transaction
+    # open: queuing the failed one again waits on that insert (the unique index), past lock_timeout.
+    monkeypatch.setattr(bulkjob, "BUSY_PAUSE", 0.05)
+    name = refresh_account.name
+    held = make_job("failed", name=name, args={"account": 1}, unique_key="account:1")
+    free = make_job("failed", name=name, args={"account": 2}, unique_key="account:2")
+    op = confirm(admin_client, start_url("failedjob", "retry", f"name={name}"))
+    other = psycopg.connect(database_url())
+    try:
+        other.execute(
+            "INSERT INTO axa_queue (id, name, args, unique_key) VALUES (gen_random_uuid(), %s, '{\"account\": 1}', "
+            "'account:1')",
+            [name],
+        )
+        op = run(op)
+    finally:
+        other.rollback()
+        other.close()
+    assert (op.status, op.matched, op.changed, op.skipped_busy, op.skipped) == ("done", 2, 1, 1, 1)
+    assert (Job.objects.get(pk=held.pk).status, Job.objects.get(pk=free.pk).status) == ("failed", "queued")
+    assert 'data-figure="skipped_busy">1</td>' in shown(admin_client, op)

@@ -82,7 +82,11 @@ class Contended(Exception):
 
 
 def targets(kind: str, jobs: QuerySet[Any]) -> QuerySet[Any]:
-    """The jobs of ``jobs`` an operation of ``kind`` acts on: failed to retry, live to cancel, any to delete."""
+    """The jobs of ``jobs`` an operation of ``kind`` acts on: failed to retry, live to cancel, any to delete.
+
+    Never the operations' own jobs: a cancel of every running job would stop itself.
+    """
+    jobs = jobs.exclude(name=NAME)
     if kind == BulkOperation.Kind.RETRY:
         return jobs.filter(status=Job.Status.FAILED)
     if kind == BulkOperation.Kind.CANCEL:
@@ -190,11 +194,11 @@ class Runner:
         if op is None:
             return {"operation": self.op_id, "ran": False}
         try:
-            jobs = rebuild(op)
-        except (IncorrectLookupParameters, LookupError) as error:
-            self.end(BulkOperation.Status.FAILED, error=f"the list's filter cannot be read again: {error}")
-            return {"operation": self.op_id, "ran": False}
-        try:
+            try:
+                jobs = rebuild(op)
+            except (IncorrectLookupParameters, LookupError) as error:
+                self.end(BulkOperation.Status.FAILED, error=f"the list's filter cannot be read again: {error}")
+                return {"operation": self.op_id, "ran": False}
             state = self.walk(jobs)
             if state == WALKED:
                 state = self.retry_busy(jobs)
@@ -261,11 +265,11 @@ class Runner:
 
     def walk(self, jobs: QuerySet[Any]) -> str:
         """Batches from the saved position to the bound; WALKED at the end, STOPPED if cancelled or ended elsewhere."""
-        timeouts = 0
+        timeouts, held = 0, False
         while True:
             try:
-                state, pause = self.batch(jobs)
-                timeouts = 0
+                state, pause = self.batch(jobs, held)
+                timeouts, held = 0, False
             except Contended:
                 time.sleep(0.1)
                 continue
@@ -273,13 +277,13 @@ class Runner:
                 if not lock_timed_out(error):
                     raise
                 timeouts += 1
-                if timeouts < TRIES:
-                    continue
-                timeouts = 0
-                if not self.single:
-                    self.single = self.batch_size  # that batch's rows one at a time
-                    continue
-                state, pause = self.batch(jobs, held=True)  # this row alone timed out each time
+                if timeouts >= TRIES:
+                    timeouts = 0
+                    if self.single:
+                        held = True  # this row alone timed out each time: kept for the end
+                    else:
+                        self.single = self.batch_size  # that batch's rows one at a time
+                continue
             if state == CANCEL:
                 self.end(BulkOperation.Status.CANCELLED)
                 return STOPPED
@@ -325,13 +329,13 @@ class Runner:
         found = list(after.order_by("pk").values_list("pk", flat=True)[WINDOW - 1 : WINDOW])
         return found[0] if found else op.bound
 
-    def apply(self, op: BulkOperation, jobs: QuerySet[Any], ids: list[uuid.UUID]) -> list[uuid.UUID]:
+    def apply(self, op: BulkOperation, jobs: QuerySet[Any], ids: list[uuid.UUID]) -> None:
         """Lock the rows of ``ids`` that still match (passing over those others hold), act on them, count.
 
-        Returns the ids held by others that still match: kept in ``op.busy`` (up to BUSY_KEPT).
+        The rows held by others that still match are kept in ``op.busy`` (up to BUSY_KEPT), to try at the end.
         """
         if not ids:
-            return []
+            return
         mine = jobs.filter(pk__in=ids).select_for_update(skip_locked=True, of=("self",)).order_by("pk")
         locked = list(mine.values_list("pk", flat=True))
         missing = set(ids) - set(locked)
@@ -342,7 +346,6 @@ class Runner:
         op.skipped_refused += refused
         op.skipped_gone += len(ids) - len(held) - changed - key - refused
         self.keep_busy(op, held)
-        return held
 
     def keep_busy(self, op: BulkOperation, ids: list[uuid.UUID]) -> None:
         kept = [str(i) for i in ids][: max(BUSY_KEPT - len(op.busy), 0)]

@@ -777,7 +777,7 @@ class Migration(migrations.Migration):
                 ("estimate", models.BigIntegerField(db_default=0)),
                 ("estimated", models.BooleanField(db_default=False)),
                 ("batch_size", models.IntegerField(db_default=1000)),
-                ("pause_ms", models.IntegerField(db_default=0)),
+                ("pause_ms", models.IntegerField(db_default=500)),
                 ("bound", models.UUIDField(blank=True, null=True)),
                 ("position", models.UUIDField(blank=True, null=True)),
                 ("matched", models.BigIntegerField(db_default=0)),

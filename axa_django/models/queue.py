@@ -147,7 +147,7 @@ class BulkOperation(models.Model):
     estimate = models.BigIntegerField(db_default=0)
     estimated = models.BooleanField(db_default=False)
     batch_size = models.IntegerField(db_default=1000)
-    pause_ms = models.IntegerField(db_default=0)
+    pause_ms = models.IntegerField(db_default=500)
     # The greatest job id when it was confirmed (jobs made later are left out), and the
     # greatest its batches have passed: a run after a lost worker starts from there.
     bound = models.UUIDField(null=True, blank=True)
