@@ -289,6 +289,7 @@ def test_a_batch_that_times_out_on_a_lock_goes_row_by_row_and_keeps_the_held_row
     # Another session enqueues a job with the failed one's unique key and holds its transaction
     # open: queuing the failed one again waits on that insert (the unique index), past lock_timeout.
     monkeypatch.setattr(bulkjob, "BUSY_PAUSE", 0.05)
+    monkeypatch.setattr(bulkjob, "LOCK_TIMEOUT", "100ms")  # nine waits in all: three per batch, row, round
     name = refresh_account.name
     held = make_job("failed", name=name, args={"account": 1}, unique_key="account:1")
     free = make_job("failed", name=name, args={"account": 2}, unique_key="account:2")

@@ -70,7 +70,7 @@ def counted(op: BulkOperation) -> tuple[int, int, int]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_worker_retries_a_thousand_failed_jobs_in_batches_with_progress_on_the_way(
+def test_a_worker_retries_hundreds_of_failed_jobs_in_batches_with_progress_on_the_way(
     admin_client: Client, workers: Workers
 ) -> None:
     n = 600
