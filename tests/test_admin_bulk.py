@@ -308,3 +308,15 @@ def test_a_batch_that_times_out_on_a_lock_goes_row_by_row_and_keeps_the_held_row
     assert (op.status, op.matched, op.changed, op.skipped_busy, op.skipped) == ("done", 2, 1, 1, 1)
     assert (Job.objects.get(pk=held.pk).status, Job.objects.get(pk=free.pk).status) == ("failed", "queued")
     assert 'data-figure="skipped_busy">1</td>' in shown(admin_client, op)
+
+
+def test_an_operation_its_job_left_says_so_and_resumes(admin_client: Client) -> None:
+    make_job("failed")
+    op = confirm(admin_client, start_url("failedjob", "retry"))
+    Job.objects.filter(pk=op.job_id).cancel()  # as if its workers had died under it MAX_LOSSES times
+    html = shown(admin_client, op)
+    assert "Its job is cancelled and will not go on with it" in html and 'id="axa-bulk-resume"' in html
+    assert "Its job is cancelled" in admin_client.get(data_url(op)).json()["unserved"]
+    admin_client.post(reverse("admin:axa_django_bulkoperation_resume", args=[op.pk]))
+    op = run(op)
+    assert (op.status, op.matched, op.changed, sql_count("status = 'failed'", [])) == ("done", 1, 1, 0)

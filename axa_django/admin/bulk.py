@@ -86,6 +86,19 @@ def served() -> str:
     return ""
 
 
+def stalled(op: BulkOperation) -> str:
+    """Why a live operation will not go on by itself: its job ended without ending it ("" if not so).
+
+    A job whose workers died under it MAX_LOSSES times fails, or someone cancelled or deleted it.
+    """
+    if op.status not in LIVE or op.job_id is None:
+        return ""
+    status = Job.objects.using(conf.queue_database()).filter(pk=op.job_id).values_list("status", flat=True).first()
+    if status in (Job.Status.QUEUED, Job.Status.RUNNING, Job.Status.WAITING):
+        return ""
+    return f"Its job is {status or 'gone'} and will not go on with it: resume it to start a new one."
+
+
 def badge(status: str) -> SafeString:
     return format_html('<span class="axa-badge axa-{}">{}</span>', BADGES.get(status, status), Status(status).label)
 
@@ -255,6 +268,7 @@ class BulkOperationAdmin(JobPermissions, admin.ModelAdmin):
         name = self.admin_site.name
         back = reverse(f"admin:axa_django_{op.list_name}_changelist", current_app=name)
         may = self.has_kind_permission(request, op.kind)
+        stuck = stalled(op)
         context = {
             **self.admin_site.each_context(request),
             **breadcrumbs(
@@ -275,12 +289,12 @@ class BulkOperationAdmin(JobPermissions, admin.ModelAdmin):
             "created": full_time(op.created_at),
             "finished": full_time(op.finished_at),
             "can_cancel": may and op.status in LIVE and not op.cancel_requested,
-            "can_resume": may and op.status == Status.FAILED,
+            "can_resume": may and (op.status == Status.FAILED or bool(stuck)),
             "cancel_url": reverse("admin:axa_django_bulkoperation_cancel", args=[op.pk], current_app=name),
             "resume_url": reverse("admin:axa_django_bulkoperation_resume", args=[op.pk], current_app=name),
             "data_url": reverse("admin:axa_django_bulkoperation_data", args=[op.pk], current_app=name),
             "refresh_seconds": dashboard.refresh_seconds(request.GET.get("refresh", str(REFRESH_SECONDS))),
-            "unserved": served() if op.status in LIVE else "",
+            "unserved": stuck or (served() if op.status in LIVE else ""),
         }
         request.current_app = name
         return TemplateResponse(request, "admin/axa_django/bulk/progress.html", context)
@@ -304,7 +318,7 @@ class BulkOperationAdmin(JobPermissions, admin.ModelAdmin):
                 "cancel_requested": op.cancel_requested,
                 "error": op.error,
                 "finished": full_time(op.finished_at),
-                "unserved": served() if op.status in LIVE else "",
+                "unserved": stalled(op) or (served() if op.status in LIVE else ""),
             }
         )
 
@@ -335,15 +349,16 @@ class BulkOperationAdmin(JobPermissions, admin.ModelAdmin):
         return self._to_op(op)
 
     def resume_view(self, request: HttpRequest, op_id: int) -> HttpResponse:
-        """Run a failed operation again from where it stopped."""
+        """Run a failed operation (or one its job left) again from where it stopped."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         op = self._post_target(request, op_id)
         using = conf.queue_database()
         with transaction.atomic(using=using):
             op = BulkOperation.objects.using(using).select_for_update().get(pk=op.pk)
-            if op.status != Status.FAILED:
-                self.message_user(request, f"Bulk {op.kind} #{op.pk} is {op.status}, not failed.", messages.WARNING)
+            if op.status != Status.FAILED and not stalled(op):
+                text = f"Bulk {op.kind} #{op.pk} is {op.status}, not failed nor left by its job."
+                self.message_user(request, text, messages.WARNING)
                 return self._to_op(op)
             op.status, op.error, op.finished_at, op.updated_at = Status.QUEUED, "", None, Now()
             op.job_id = bulkjob.bulk_operation.perform_later(operation=op.pk).pk
