@@ -14,4 +14,8 @@ class AxaDjangoConfig(AppConfig):
     def ready(self) -> None:
         from . import workflows  # noqa: F401 - registers the batch callback job in every process
 
+        if self.apps.is_installed("django.contrib.admin"):
+            # The bulk operations' job, in every worker, also where the admin is registered by hand (SimpleAdminConfig).
+            from .admin import bulkjob  # noqa: F401
+
         autodiscover_modules("jobs")

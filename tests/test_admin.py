@@ -398,34 +398,6 @@ def test_retry_selected_on_the_failed_page(admin_client: Client) -> None:
     assert Job.objects.get(pk=job.pk).status == "queued"
 
 
-def test_retry_all_matching_the_filter_is_one_update(admin_client: Client) -> None:
-    mine = [make_job("failed", name="CountWorker", args={"fail": True}) for _ in range(3)]
-    other = make_job("failed")
-    make_job("completed", name="CountWorker", args={"fail": False})
-    with CaptureQueriesContext(connection) as queries:
-        response = admin_client.post(RETRY_MATCHING + "?name=CountWorker", {"post": "yes"}, follow=True)
-    updates = [q["sql"] for q in queries.captured_queries if re.search(r"\bUPDATE \"?axa_queue\b", q["sql"])]
-    assert len(updates) == 1, updates
-    assert "Queued 3 failed jobs matching this filter to run again." in messages_of(response)
-    assert response.redirect_chain[-1][0] == JOBS + "?name=CountWorker"
-    assert {j.status for j in Job.objects.filter(pk__in=[j.pk for j in mine])} == {"queued"}
-    assert Job.objects.get(pk=other.pk).status == "failed"
-
-
-def test_retry_all_matching_on_the_failed_page_with_a_search(admin_client: Client) -> None:
-    hit = make_job("failed", args={"customer": "acme"})
-    miss = make_job("failed", args={"customer": "other"})
-    response = admin_client.post(FAILED_RETRY_MATCHING + "?q=acme", {"post": "yes"}, follow=True)
-    assert "Queued 1 failed job matching this filter to run again." in messages_of(response)
-    assert Job.objects.get(pk=hit.pk).status == "queued"
-    assert Job.objects.get(pk=miss.pk).status == "failed"
-    again = admin_client.post(FAILED_RETRY_MATCHING + "?q=acme", {"post": "yes"}, follow=True)
-    assert "Queued 0 failed jobs matching this filter to run again." in messages_of(again)
-    bad = admin_client.post(FAILED_RETRY_MATCHING + "?nonsense__field=1", {"post": "yes"}, follow=True)
-    assert "not valid" in messages_of(bad)[0]
-    assert Job.objects.get(pk=miss.pk).status == "failed"
-
-
 @pytest.mark.django_db(transaction=True)
 def test_retry_wakes_listening_workers() -> None:
     job = make_job("failed")
@@ -773,25 +745,6 @@ def test_retry_selected_reports_jobs_whose_key_is_in_use(admin_client: Client, p
     assert messages_of(response) == [expected]
     assert Job.objects.get(pk=held.pk).status == "failed"
     assert Job.objects.get(pk=free.pk).status == "queued"
-
-
-@pytest.mark.parametrize("url", [RETRY_MATCHING, FAILED_RETRY_MATCHING])
-def test_retry_all_matching_reports_jobs_whose_key_is_in_use(admin_client: Client, url: str) -> None:
-    older = failed_unique(1, finished_at=NOW - datetime.timedelta(hours=1))
-    newer = failed_unique(1, finished_at=NOW - datetime.timedelta(minutes=1))
-    held = failed_unique(2)
-    holder = refresh_account.perform_later(2)
-    response = admin_client.post(url + f"?name={REFRESH}", {"post": "yes"}, follow=True)
-    (message,) = messages_of(response)
-    assert message.startswith("Queued 1 failed job matching this filter to run again. Skipped 2 jobs whose unique key")
-    assert f"job {older.pk} (key in use by job {newer.pk})" in message
-    assert f"job {held.pk} (key in use by job {holder.pk})" in message
-    assert {j.pk: j.status for j in Job.objects.filter(name=REFRESH)} == {
-        older.pk: "failed",
-        newer.pk: "queued",
-        held.pk: "failed",
-        holder.pk: "queued",
-    }
 
 
 @pytest.mark.django_db(transaction=True)

@@ -13,6 +13,7 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
 from django.utils import timezone
 
 from axa_django import unhandled
@@ -28,7 +29,6 @@ from tests.test_admin import (
     RETRY_MATCHING,
     change_url,
     make_job,
-    user_with,
 )
 from tests.testapp import jobs as testapp_jobs
 
@@ -99,44 +99,6 @@ def test_an_estimated_count_says_about_in_the_search_bar_and_the_paginator(
 
 def test_counts_carry_thousands_separators() -> None:
     assert thousands(300000) == "300,000" and thousands(999) == "999" and thousands(0) == "0"
-
-
-# "Retry all failed jobs matching this filter" asks first, with the count.
-
-
-def test_retry_matching_shows_the_count_and_changes_nothing_until_confirmed(admin_client: Client) -> None:
-    mine = [make_job("failed", name="CountWorker", args={"fail": True}) for _ in range(3)]
-    other = make_job("failed")
-    listing = admin_client.get(JOBS, {"name": "CountWorker"}).content.decode()
-    assert f'href="{RETRY_MATCHING}?name=CountWorker"' in listing  # a link to the confirmation, not a POST
-
-    page = admin_client.get(RETRY_MATCHING + "?name=CountWorker")
-    assert page.status_code == 200
-    html = page.content.decode()
-    assert "Queue <strong>3</strong> failed jobs to run again now?" in html
-    assert "<code>name</code> = CountWorker" in html
-    assert 'value="Yes, retry 3 jobs"' in html and 'name="post" value="yes"' in html
-    assert f'href="{JOBS}?name=CountWorker"' in html  # "No, take me back"
-    unconfirmed = admin_client.post(RETRY_MATCHING + "?name=CountWorker")
-    assert unconfirmed.status_code == 200 and "Queue <strong>3</strong>" in unconfirmed.content.decode()
-    assert Job.objects.filter(status="failed").count() == 4
-
-    done = admin_client.post(RETRY_MATCHING + "?name=CountWorker", {"post": "yes"}, follow=True)
-    assert [str(m) for m in done.context["messages"]] == ["Queued 3 failed jobs matching this filter to run again."]
-    assert {j.status for j in Job.objects.filter(pk__in=[j.pk for j in mine])} == {"queued"}
-    assert Job.objects.get(pk=other.pk).status == "failed"
-    none_left = admin_client.get(RETRY_MATCHING + "?name=CountWorker").content.decode()
-    assert "No failed job matches this filter" in none_left and 'id="axa-retry-confirm"' not in none_left
-
-
-def test_retry_matching_confirmation_needs_the_retry_permission() -> None:
-    make_job("failed")
-    viewer = user_with("view_job")
-    assert viewer.get(FAILED_RETRY_MATCHING).status_code == 403
-    retrier = user_with("view_job", "retry_job")
-    html = retrier.get(FAILED_RETRY_MATCHING).content.decode()
-    assert "Queue <strong>1</strong> failed job to run again now?" in html
-    assert "every failed job" in html
 
 
 # An id-shaped search reads ids only.
@@ -261,11 +223,11 @@ def test_booleans_on_the_job_page_read_neutrally(admin_client: Client) -> None:
     assert cell and cell.group(1).strip() == "no"
 
 
-@pytest.mark.parametrize("url", [DASHBOARD, RETRY_MATCHING])
+@pytest.mark.parametrize("url", [DASHBOARD, reverse("admin:axa_django_bulkoperation_start", args=["job", "retry"])])
 def test_breadcrumbs_use_the_markup_this_django_styles(admin_client: Client, url: str) -> None:
     html = admin_client.get(url).content.decode()
     if django.VERSION >= (6, 0):
         assert '<ol class="breadcrumbs">' in html and '<div class="breadcrumbs">' not in html
-        assert re.search(r'<li aria-current="page">(Dashboard|Retry failed jobs)</li>', html)
+        assert re.search(r'<li aria-current="page">(Dashboard|Retry all matching)</li>', html)
     else:
         assert '<div class="breadcrumbs">' in html and '<ol class="breadcrumbs">' not in html

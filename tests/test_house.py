@@ -23,6 +23,7 @@ TABLES = (
     "axa_finished_hour",
     "axa_name_span",
     "axa_name_stat",
+    "axa_bulk_operation",
 )
 PROBE = "axa_house_probe"
 

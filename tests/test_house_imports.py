@@ -116,6 +116,8 @@ ORDER = [
     "admin.periodic",
     "admin.queuepage",
     "admin.workerpage",
+    "admin.bulkjob",
+    "admin.bulk",
     "admin",
     "management",
     "management.listing",
@@ -137,6 +139,8 @@ LAZY = {
     ("", "registry"),
     ("", "workflows"),
     ("apps", "workflows"),
+    # Only with django.contrib.admin installed: the bulk operations' job, in every worker.
+    ("apps", "admin.bulkjob"),
     # JobContext loads with the package (settings.py); parent_results needs the settings.
     ("context", "conf"),
     ("context", "django"),

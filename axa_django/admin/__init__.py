@@ -21,7 +21,7 @@ from django.views.decorators.cache import never_cache
 from .. import unhandled
 from ..models import FailedJob, Job, QueueDashboard, QueuePause
 from ..ops import dashboard, fleetstats
-from . import pauses, periodic, queuepage, workerpage
+from . import bulk, pauses, periodic, queuepage, workerpage
 from .actions import breadcrumbs, cancellable, job_id
 from .display import (
     JobPermissions,
@@ -55,6 +55,7 @@ __all__ = [
     "JobNamesAdmin",
     "QueueDashboardAdmin",
     "WorkflowAdmin",
+    "bulk",
     "error_line",
     "format_duration",
     "pauses",

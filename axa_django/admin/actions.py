@@ -7,16 +7,13 @@ from typing import Any
 
 import django
 from django.contrib import admin, messages
-from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
-from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 from ..models import Job, RetryResult
-from .display import thousands
 from .lists import refuse_nul
 
 # Django 6 styles only <ol class="breadcrumbs">; 5.2 only <div class="breadcrumbs">.
@@ -92,7 +89,7 @@ class JobActions(admin.ModelAdmin):
         return _to_job(job)
 
     def retry_matching_view(self, request: HttpRequest) -> HttpResponse:
-        """Show how many failed jobs the list's filters and search match; a confirming POST retries them."""
+        """The former "retry all matching" (one UPDATE): now the bulk retry's confirmation, in batches (bulk.py)."""
         if request.method not in ("GET", "POST"):
             return HttpResponseNotAllowed(["GET", "POST"])
         if not (self.has_view_permission(request) and self.has_retry_permission(request)):
@@ -100,43 +97,10 @@ class JobActions(admin.ModelAdmin):
         refused = refuse_nul(request.GET, request.POST)
         if refused is not None:
             return refused
-        info = f"{self.opts.app_label}_{self.opts.model_name}"
-        back = reverse(f"admin:{info}_changelist", current_app=self.admin_site.name)
+        site = self.admin_site.name
+        start = reverse("admin:axa_django_bulkoperation_start", args=[self.opts.model_name, "retry"], current_app=site)
         query = request.GET.urlencode()
-        back_to_list = f"{back}?{query}" if query else back
-        try:
-            changelist = self.get_changelist_instance(request)
-        except IncorrectLookupParameters:
-            self.message_user(request, "Those filters are not valid; nothing was retried.", messages.ERROR)
-            return HttpResponseRedirect(back)
-        problem = getattr(changelist, "search_problem", None)
-        if problem:  # its queryset is empty: say why rather than "0 jobs"
-            self.message_user(request, f"{problem} Nothing was retried.", messages.ERROR)
-            return HttpResponseRedirect(back_to_list)
-        if request.method == "POST" and request.POST.get("post") == "yes":
-            result = changelist.queryset.retry()
-            text = f"Queued {result} failed job{'s' if result != 1 else ''} matching this filter to run again."
-            level = messages.SUCCESS if result and not result.skipped else messages.WARNING
-            self.message_user(request, text + _key_skips(result), level)
-            return HttpResponseRedirect(back_to_list)
-        count = changelist.queryset.filter(status=Job.Status.FAILED).count()
-        context = {
-            **self.admin_site.each_context(request),
-            **breadcrumbs(
-                self.admin_site,
-                self.opts,
-                (back, str(self.opts.verbose_name_plural).capitalize()),
-                ("", "Retry failed jobs"),
-            ),
-            "title": "Retry failed jobs?",
-            "opts": self.opts,
-            "count": count,
-            "count_shown": thousands(count),
-            "filters": [(key, value) for key, values in request.GET.lists() for value in values],
-            "back_url": back_to_list,
-        }
-        request.current_app = self.admin_site.name
-        return TemplateResponse(request, "admin/axa_django/job/retry_matching_confirmation.html", context)
+        return HttpResponseRedirect(f"{start}?{query}" if query else start)
 
     def _post_target(self, request: HttpRequest, object_id: str, allowed: bool) -> Job:
         if not (allowed and self.has_view_permission(request)):

@@ -167,3 +167,73 @@ class LiveWorker(Worker):
         verbose_name_plural = "workers"
         default_permissions = ()
         permissions = [("stop_worker", "Can ask a worker to stop")]
+
+
+class BulkOperation(models.Model):
+    """A retry, cancel or delete of every job a list's filter matches, run by a worker in batches (admin/bulkjob.py)."""
+
+    class Kind(models.TextChoices):
+        RETRY = "retry"
+        CANCEL = "cancel"
+        DELETE = "delete"
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"  # no worker has started it yet
+        RUNNING = "running"
+        DONE = "done"
+        CANCELLED = "cancelled"
+        FAILED = "failed"
+
+    kind = models.TextField(choices=Kind)
+    # The list it was started from: its admin site, its model (job, failedjob) and query
+    # string, read again by every run of the job through the list's own filters and search.
+    site = models.TextField(db_default="admin")
+    list_name = models.TextField()
+    query = models.TextField(blank=True, db_default="")
+    user_pk = models.TextField(blank=True, db_default="")
+    started_by = models.TextField(blank=True, db_default="")
+    status = models.TextField(choices=Status, db_default=Status.QUEUED)
+    # The count shown on the confirmation page (the planner's estimate when large).
+    estimate = models.BigIntegerField(db_default=0)
+    estimated = models.BooleanField(db_default=False)
+    batch_size = models.IntegerField(db_default=1000)
+    pause_ms = models.IntegerField(db_default=500)
+    # The greatest job id when it was confirmed (jobs made later are left out), and the
+    # greatest its batches have passed: a run after a lost worker starts from there.
+    bound = models.UUIDField(null=True, blank=True)
+    position = models.UUIDField(null=True, blank=True)
+    matched = models.BigIntegerField(db_default=0)
+    changed = models.BigIntegerField(db_default=0)
+    # Skipped, by why: no longer matching when its batch locked it (changed or deleted
+    # meanwhile), its unique key in use, refused by the database, held by another
+    # transaction until the end. ``busy`` holds the ids held so far, tried again at the end.
+    skipped_gone = models.BigIntegerField(db_default=0)
+    skipped_key = models.BigIntegerField(db_default=0)
+    skipped_refused = models.BigIntegerField(db_default=0)
+    skipped_busy = models.BigIntegerField(db_default=0)
+    busy = models.JSONField(db_default=models.Value([], models.JSONField()))
+    batches = models.IntegerField(db_default=0)
+    job_id = models.UUIDField(null=True, blank=True)
+    cancel_requested = models.BooleanField(db_default=False)
+    cancelled_by = models.TextField(blank=True, db_default="")
+    error = models.TextField(blank=True, db_default="")
+    created_at = models.DateTimeField(db_default=Now())
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "axa_bulk_operation"
+        ordering = ["-id"]
+        verbose_name = "bulk operation"
+        verbose_name_plural = "bulk operations"
+        # Governed by Job's permissions (view_job to see, the kind's own to start or cancel).
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return f"bulk {self.kind} #{self.pk} ({self.status})"
+
+    @property
+    def skipped(self) -> int:
+        """Jobs matched and left as they were, for any reason."""
+        return self.skipped_gone + self.skipped_key + self.skipped_refused + self.skipped_busy
