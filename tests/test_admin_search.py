@@ -204,7 +204,7 @@ def test_retry_all_matching_refuses_a_malformed_search(admin_client: Client) -> 
     failed = count("status = 'failed'")
     response = admin_client.post(FAILED_RETRY_MATCHING + "?q=colour:red", {"post": "yes"}, follow=True)
     assert any(
-        "Unknown field 'colour'" in str(m) and "Nothing was retried" in str(m) for m in response.context["messages"]
+        "Unknown field 'colour'" in str(m) and "Nothing was changed" in str(m) for m in response.context["messages"]
     )
     assert count("status = 'failed'") == failed > 0
 

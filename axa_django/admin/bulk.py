@@ -194,10 +194,15 @@ class BulkOperationAdmin(JobPermissions, admin.ModelAdmin):
         query = request.GET.urlencode()
         try:
             # The list's own ChangeList, from the list's own query string (this page's).
-            jobs = bulkjob.targets(kind, model_admin.get_changelist_instance(request).queryset).order_by()
+            changelist = model_admin.get_changelist_instance(request)
         except IncorrectLookupParameters:
             self.message_user(request, "Those filters are not valid; nothing was changed.", messages.ERROR)
             return HttpResponseRedirect(back)
+        problem = getattr(changelist, "search_problem", None)
+        if problem:  # a malformed search lists nothing: say why rather than offer to change 0 jobs
+            self.message_user(request, f"{problem} Nothing was changed.", messages.ERROR)
+            return HttpResponseRedirect(f"{back}?{query}" if query else back)
+        jobs = bulkjob.targets(kind, changelist.queryset).order_by()
         paginator = EstimatedCountPaginator(jobs.order_by("pk"), 1)  # it counts unordered
         count, estimated = paginator.count, paginator.estimated
         form = BulkForm(request.POST if request.method == "POST" else None)
