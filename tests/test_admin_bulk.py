@@ -20,7 +20,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from axa_django.admin import bulkjob
+from axa_django.admin import bulk, bulkjob
 from axa_django.models import Job
 from axa_django.models.queue import BulkOperation
 from axa_django.testing import run_jobs
@@ -320,3 +320,38 @@ def test_an_operation_its_job_left_says_so_and_resumes(admin_client: Client) -> 
     admin_client.post(reverse("admin:axa_django_bulkoperation_resume", args=[op.pk]))
     op = run(op)
     assert (op.status, op.matched, op.changed, sql_count("status = 'failed'", [])) == ("done", 1, 1, 0)
+
+
+@pytest.mark.parametrize("seed_row", [False, True])
+def test_jobs_made_after_the_confirmation_are_left_out_whatever_their_ids(admin_client: Client, seed_row: bool) -> None:
+    # The Rust crate writes version 4 ids: one in the history made the greatest id (the walk's
+    # bound) lie above every id made for years, and jobs enqueued after the confirmation were
+    # cancelled with the rest (the adversarial review's case).
+    if seed_row:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO axa_history (id, name, args, status, attempts, max_attempts, run_at, finished_at) "
+                "VALUES ('f47ac10b-58cc-4372-a567-0e02b2c3d479', 'rust.job', '{}', 'completed', 1, 1, now(), now())"
+            )
+    before = [Job.objects.create(name="tests.bulk.late", args={}, status="queued").pk for _ in range(3)]
+    op = confirm(admin_client, start_url("job", "cancel", "q=name:tests.bulk.late"), batch_size=10, pause_ms=0)
+    after = [Job.objects.create(name="tests.bulk.late", args={}, status="queued").pk for _ in range(3)]
+    run(op)
+    statuses = dict(Job.objects.filter(pk__in=before + after).values_list("pk", "status"))
+    assert [statuses[pk] for pk in before] == ["cancelled"] * 3
+    assert [statuses[pk] for pk in after] == ["queued"] * 3
+
+
+@pytest.mark.parametrize("kind", ["retry", "cancel", "delete"])
+def test_the_confirmations_count_stops_at_the_searchs_bound_and_the_operation_can_still_start(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    monkeypatch.setattr(bulk, "SEARCH_SECONDS", 0.3)
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL lock_timeout = '4s'")  # a count without the bound fails here rather than hangs
+    with psycopg.connect(database_url(), autocommit=True) as other, other.transaction():
+        other.execute("LOCK TABLE axa_history IN ACCESS EXCLUSIVE MODE")
+        page = admin_client.get(start_url("job", kind, "q=error:nomatch"))
+        assert page.status_code == 200 and page.context["count"] is None
+        assert "not counted within 0.3 s" in page.content.decode()
+        assert 'id="axa-bulk-confirm"' in page.content.decode()

@@ -123,6 +123,27 @@ def test_a_worker_killed_mid_way_and_another_goes_on_from_the_saved_position(
     assert any(note.startswith("resumed after id ") for note in notes), notes
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_asked_to_stop_hands_its_bulk_operation_on_and_exits_within_a_slice(
+    admin_client: Client, workers: Workers
+) -> None:
+    # One run of the job walked the whole operation: SIGTERM (or the Workers page's Stop)
+    # waited for it, here 300 batches a second apart (the adversarial review's case).
+    n = 600
+    failed_rows(n)
+    op = start_retry(admin_client, batch_size=2, pause_ms=1000)
+    first = workers.start("--job", bulkjob.NAME, env=workers.env(**QUIET))
+    wait_for(lambda: fresh(op).batches >= 2, 60, "two batches")
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=bulkjob.SLICE_SECONDS + 20) == 0
+    handed = fresh(op)
+    assert handed.status == "running" and handed.batches < n // 2
+    job = Job.objects.get(pk=handed.job_id)
+    assert job.status == "queued"  # the rest, for the next worker
+    notes = list(LogEntry.objects.filter(object_id=str(op.pk)).values_list("change_message", flat=True))
+    assert not any(note.startswith("resumed") for note in notes), notes  # a hand-on is no resumption
+
+
 # Races: one batch against the statements that meet its rows.
 
 

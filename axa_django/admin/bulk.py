@@ -17,7 +17,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import PAGE_VAR
 from django.core.exceptions import PermissionDenied
-from django.db import connections, transaction
+from django.db import OperationalError, connections, transaction
 from django.db.models.functions import Now
 from django.http import (
     Http404,
@@ -42,7 +42,7 @@ from ..ops import dashboard
 from . import bulkjob
 from .actions import breadcrumbs
 from .display import JobPermissions, format_time, full_time, thousands
-from .lists import refuse_nul
+from .lists import QUERY_CANCELED, SEARCH_SECONDS, Deadline, refuse_nul
 from .pagination import EstimatedCountPaginator
 
 logger = logging.getLogger("axa_django")
@@ -110,6 +110,13 @@ class BulkForm(forms.Form):
     # By default about as long as a batch of 1,000 retries takes: a worker draining beside it
     # kept its speed; with no pause it lost a quarter or more of it (measured on 100,000 retries).
     pause_ms = forms.IntegerField(label="Pause between batches (ms)", min_value=0, max_value=10_000, initial=500)
+
+
+def shown(count: int | None, estimated: bool) -> str:
+    """A confirmation's count as said: "1,234", "about 1,200,000", or uncounted (a search that reads every job)."""
+    if count is None:
+        return f"all the (not counted within {SEARCH_SECONDS} s)"
+    return ("about " if estimated else "") + thousands(count)
 
 
 @admin.register(BulkOperation)
@@ -193,20 +200,17 @@ class BulkOperationAdmin(JobPermissions, admin.ModelAdmin):
         back = reverse(f"admin:axa_django_{list_name}_changelist", current_app=name)
         query = request.GET.urlencode()
         try:
-            # The list's own ChangeList, from the list's own query string (this page's).
-            changelist = model_admin.get_changelist_instance(request)
+            # The list's own ChangeList, from the list's own query string (this page's), and its
+            # count, within the search's bound as the list itself (both count what it matches).
+            problem, count, estimated = self.counted(model_admin, request, kind)
         except IncorrectLookupParameters:
             self.message_user(request, "Those filters are not valid; nothing was changed.", messages.ERROR)
             return HttpResponseRedirect(back)
-        problem = getattr(changelist, "search_problem", None)
         if problem:  # a malformed search lists nothing: say why rather than offer to change 0 jobs
             self.message_user(request, f"{problem} Nothing was changed.", messages.ERROR)
             return HttpResponseRedirect(f"{back}?{query}" if query else back)
-        jobs = bulkjob.targets(kind, changelist.queryset).order_by()
-        paginator = EstimatedCountPaginator(jobs.order_by("pk"), 1)  # it counts unordered
-        count, estimated = paginator.count, paginator.estimated
         form = BulkForm(request.POST if request.method == "POST" else None)
-        if request.method == "POST" and form.is_valid() and count:
+        if request.method == "POST" and form.is_valid() and count != 0:
             op = self.start(request, list_name, kind, query, count, estimated, form.cleaned_data)
             return self._to_op(op)
         context = {
@@ -224,7 +228,8 @@ class BulkOperationAdmin(JobPermissions, admin.ModelAdmin):
             "noun": WHAT[kind][0],
             "purpose": WHAT[kind][1],
             "count": count,
-            "count_shown": ("about " if estimated else "") + thousands(count),
+            "count_shown": shown(count, estimated),
+            "plural": "" if count == 1 else "s",
             "filters": [(key, value) for key, values in request.GET.lists() for value in values],
             "form": form,
             "unserved": served(),
@@ -233,8 +238,33 @@ class BulkOperationAdmin(JobPermissions, admin.ModelAdmin):
         request.current_app = name
         return TemplateResponse(request, "admin/axa_django/bulk/confirmation.html", context)
 
+    def counted(self, model_admin: Any, request: HttpRequest, kind: str) -> tuple[str | None, int | None, bool]:
+        """The list's search problem, how many jobs match and whether that is the planner's estimate; the
+        count None if not counted within SEARCH_SECONDS (a search no index answers reads every job)."""
+        using = conf.queue_database()
+        try:
+            with transaction.atomic(using=using), connections[using].execute_wrapper(Deadline(SEARCH_SECONDS)):
+                changelist = model_admin.get_changelist_instance(request)
+                problem = getattr(changelist, "search_problem", None)
+                if problem:
+                    return problem, 0, False
+                jobs = bulkjob.targets(kind, changelist.queryset).order_by()
+                paginator = EstimatedCountPaginator(jobs.order_by("pk"), 1)  # it counts unordered
+                return None, paginator.count, paginator.estimated
+        except OperationalError as error:
+            if getattr(error.__cause__, "sqlstate", None) != QUERY_CANCELED:
+                raise
+            return None, None, True
+
     def start(
-        self, request: HttpRequest, list_name: str, kind: str, query: str, count: int, estimated: bool, pace: Any
+        self,
+        request: HttpRequest,
+        list_name: str,
+        kind: str,
+        query: str,
+        count: int | None,
+        estimated: bool,
+        pace: Any,
     ) -> BulkOperation:
         using = conf.queue_database()
         with transaction.atomic(using=using):
@@ -245,7 +275,7 @@ class BulkOperationAdmin(JobPermissions, admin.ModelAdmin):
                 query=query,
                 user_pk=str(request.user.pk),
                 started_by=request.user.get_username(),
-                estimate=count,
+                estimate=count or 0,
                 estimated=estimated,
                 batch_size=pace["batch_size"],
                 pause_ms=pace["pause_ms"],
@@ -253,7 +283,7 @@ class BulkOperationAdmin(JobPermissions, admin.ModelAdmin):
             )
             op.job_id = bulkjob.bulk_operation.perform_later(operation=op.pk).pk
             op.save(update_fields=["job_id"])
-        about = ("about " if estimated else "") + thousands(count)
+        about = shown(count, estimated)
         text = f"Started: {kind} of {about} jobs matching {list_name}?{query}, {op.batch_size} per batch."
         self.log_addition(request, op, text)
         logger.info("%s by %s (list %s?%s): started on %s jobs", op, op.started_by, list_name, query, about)

@@ -74,7 +74,12 @@ BUSY_PAUSE = 1.0
 # 55P03: a lock not granted within lock_timeout.
 LOCK_NOT_AVAILABLE = "55P03"
 
-MORE, WALKED, STOPPED, CANCEL = "more", "walked", "stopped", "cancel"
+# A run of the job hands the rest to a new job of its own after this many seconds: a worker
+# asked to stop (SIGTERM, the Workers page) waits for its running jobs, and one run of a
+# million rows kept it for the whole operation. The new job goes on from the saved position.
+SLICE_SECONDS = 10.0
+
+MORE, WALKED, STOPPED, CANCEL, SLICED = "more", "walked", "stopped", "cancel", "sliced"
 
 
 class Contended(Exception):
@@ -195,11 +200,16 @@ class Runner:
             return {"operation": self.op_id, "ran": False}
         try:
             try:
-                jobs = rebuild(op)
+                # Jobs made after the confirmation are left out, by the database clock (an id
+                # bound alone let them in: the Rust crate's version 4 ids sort anywhere).
+                jobs = rebuild(op).filter(created_at__lte=op.created_at)
             except (IncorrectLookupParameters, LookupError) as error:
                 self.end(BulkOperation.Status.FAILED, error=f"the list's filter cannot be read again: {error}")
                 return {"operation": self.op_id, "ran": False}
             state = self.walk(jobs)
+            if state == SLICED:
+                self.hand_on()
+                return {"operation": self.op_id, "handed_on": True}
             if state == WALKED:
                 state = self.retry_busy(jobs)
             if state == WALKED:
@@ -221,7 +231,7 @@ class Runner:
             op = BulkOperation.objects.using(self.using).select_for_update().filter(pk=self.op_id).first()
             if op is None or op.status not in (BulkOperation.Status.QUEUED, BulkOperation.Status.RUNNING):
                 return None
-            resumed = op.status == BulkOperation.Status.RUNNING
+            resumed = op.status == BulkOperation.Status.RUNNING and not self.handed_on(op)
             op.status = BulkOperation.Status.RUNNING
             op.started_at = op.started_at or Now()
             op.updated_at = Now()
@@ -231,6 +241,13 @@ class Runner:
         if resumed:
             record(op, f"resumed after id {op.position} ({summary(op)} so far)")
         return op
+
+    def handed_on(self, op: BulkOperation) -> bool:
+        """Whether this run is the job the last run handed the rest to (not one run again after a loss)."""
+        context = self.context
+        if context is None or op.job_id != context.job_id or context.attempt > 1:
+            return False
+        return not Job._base_manager.using(self.using).filter(pk=context.job_id, losses__gt=0).exists()
 
     def end(self, status: str | None, error: str = "") -> None:
         """Close the operation with ``status`` (None: leave it running, saying ``error``), logged and recorded."""
@@ -263,9 +280,19 @@ class Runner:
                 raise Contended from error
             raise
 
+    def hand_on(self) -> None:
+        """Enqueue the job that goes on from the saved position, unless the operation ended meanwhile."""
+        with transaction.atomic(using=self.using):
+            op = BulkOperation.objects.using(self.using).select_for_update().get(pk=self.op_id)
+            if op.status == BulkOperation.Status.RUNNING:
+                op.job_id = bulk_operation.perform_later(operation=op.pk).pk
+                op.save(update_fields=["job_id"])
+
     def walk(self, jobs: QuerySet[Any]) -> str:
-        """Batches from the saved position to the bound; WALKED at the end, STOPPED if cancelled or ended elsewhere."""
+        """Batches from the saved position to the bound; WALKED at the end, STOPPED if cancelled or ended
+        elsewhere, SLICED after SLICE_SECONDS (the rest is a new job's)."""
         timeouts, held = 0, False
+        ends = time.monotonic() + SLICE_SECONDS
         while True:
             try:
                 state, pause = self.batch(jobs, held)
@@ -289,6 +316,8 @@ class Runner:
                 return STOPPED
             if state != MORE:
                 return state
+            if time.monotonic() >= ends:
+                return SLICED
             if pause:
                 time.sleep(pause)
 
