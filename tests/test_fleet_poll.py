@@ -1,10 +1,10 @@
 """One worker polls for the fleet; the others, told of every change by NOTIFY, poll less often.
 
-The poller is the worker whose heartbeat connection holds ``sql.POLLER_LOCK``. When idle
-it looks, every POLL_INTERVAL, for rows that fell due lately and are still queued, and
-wakes every worker if there are: rows no trigger announced (written with
-session_replication_role = replica, a queue's slot freed by the seed's FINISH, a row a
-user held when it fell due) are claimed as soon as before, by whichever worker serves them.
+The poller is the eldest worker whose heartbeat is within its lease (each beat asks). Every
+POLL_INTERVAL, busy or idle, its listener looks for queued rows that fell due since its last
+look and wakes every worker if there are: rows no trigger announces (a retry's backoff ending,
+rows written with session_replication_role = replica, a slot freed by the seed's FINISH) are
+claimed as soon as before, by whichever worker serves them.
 """
 
 from __future__ import annotations
@@ -22,17 +22,10 @@ from tests.conftest import AXA_APPS, database_url, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
-HOLDER = """
-SELECT l.pid FROM pg_locks l JOIN pg_database d ON d.oid = l.database
-WHERE l.locktype = 'advisory' AND l.classid = 178913281 AND l.objid = 1 AND l.objsubid = 2
-  AND l.granted AND d.datname = current_database()
-"""
-
-
-def holders() -> list[int]:
-    with connection.cursor() as cursor:
-        cursor.execute(HOLDER)
-        return [row[0] for row in cursor.fetchall()]
+LISTENERS = (
+    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+    "AND application_name = 'axa_django listener' ORDER BY backend_start"
+)
 
 
 def beaten(count: int) -> bool:
@@ -42,53 +35,69 @@ def beaten(count: int) -> bool:
         return cursor.fetchone()[0] >= count
 
 
-def insert_raw(queue: str, announced: bool = True) -> str:
-    """A ready row written by plain SQL; unannounced: as a replica writes it, no trigger fires, no NOTIFY."""
+def insert_raw(queue: str, delay: float = 0.0) -> str:
+    """A row written as a replica writes it: no trigger fires, so no NOTIFY."""
     with transaction.atomic(), connection.cursor() as cursor:
-        if not announced:
-            cursor.execute("SET LOCAL session_replication_role = replica")
+        cursor.execute("SET LOCAL session_replication_role = replica")
         cursor.execute(
-            "INSERT INTO axa_queue (id, name, queue, args) "
-            "VALUES (gen_random_uuid(), 'tests.testapp.jobs.add', %s, '{\"a\": 1, \"b\": 2}') RETURNING id",
-            [queue],
+            "INSERT INTO axa_queue (id, name, queue, args, run_at) VALUES (gen_random_uuid(), "
+            "'tests.testapp.jobs.add', %s, '{\"a\": 1, \"b\": 2}', now() + make_interval(secs => %s)) RETURNING id",
+            [queue, delay],
         )
         return str(cursor.fetchone()[0])
 
 
-def test_one_worker_polls_for_the_fleet_and_another_takes_over_when_it_dies(workers) -> None:
-    first = workers.start("--concurrency", "1")
-    wait_for(lambda: len(holders()) == 1, what="the first worker to take the fleet's poll")
-    (poller,) = holders()
-    others = [workers.start("--concurrency", "1") for _ in range(2)]
-    wait_for(lambda: beaten(3), what="all three workers to beat")
-    wait_for(lambda: beaten(3) and holders() == [poller], timeout=5, what="the poll to stay with the first")
-    first.send_signal(signal.SIGKILL)
-    first.wait(timeout=30)
-    (successor,) = wait_for(lambda: (h := holders()) and h != [poller] and h, what="another worker to take the poll")
-    assert successor != poller
-    assert all(proc.poll() is None for proc in others)
-    job_id = insert_raw("default")
-    wait_for(lambda: Job.objects.filter(id=job_id, status="completed").exists(), what="the raw row to run")
+def announcer(listener: psycopg.Connection, timeout: float = 15) -> int | None:
+    """The pid of the backend that sends the next wake-up ('' on axa_queue), or None."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for note in listener.notifies(timeout=deadline - time.monotonic(), stop_after=1):
+            if note.payload == "":
+                return note.pid
+    return None
 
 
-def test_rows_nobody_announced_are_announced_by_the_idle_poller(workers) -> None:
-    # A row of a queue the poller does not serve, written with no trigger: only the
-    # poller's look can announce it (to the workers that serve it; here, none).
-    workers.start("--concurrency", "1", "--new-queue", "a", env=workers.env(AXA_TEST_POLL="0.5"))
-    wait_for(lambda: len(holders()) == 1, what="the worker to take the fleet's poll")
+def test_the_eldest_live_worker_announces_unannounced_rows_and_the_next_takes_over_when_it_dies(workers) -> None:
+    # Rows of a queue nobody serves, written with no trigger: only the poller's look announces them.
+    first = workers.start("--concurrency", "1", "--new-queue", "a")
+    wait_for(lambda: beaten(1), what="the first worker to beat")
+    second = workers.start("--concurrency", "1", "--new-queue", "a")
+    wait_for(lambda: beaten(2), what="both workers to beat")
     with psycopg.connect(database_url(), autocommit=True) as listener:
         listener.execute("LISTEN axa_queue")
-        (dispatcher,) = listener.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND application_name = 'axa_django dispatcher'"
-        ).fetchone()
-        insert_raw("elsewhere", announced=False)
-        wakes: list[int] = []
-        deadline = time.monotonic() + 15
-        while not wakes and time.monotonic() < deadline:
-            notes = listener.notifies(timeout=deadline - time.monotonic(), stop_after=1)
-            wakes = [note.pid for note in notes if note.payload == ""]
-    assert wakes == [dispatcher], "the poller did not announce the row written without a word"
+        eldest, younger = (row[0] for row in listener.execute(LISTENERS))
+        insert_raw("elsewhere")
+        assert announcer(listener) == eldest
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        # Once the dead one's lease has run out, the survivor's next beat makes it the poller: a
+        # row written then falls within its first look.
+        deadline, heard = time.monotonic() + 30, None
+        while heard != younger and time.monotonic() < deadline:
+            insert_raw("nobody's")
+            heard = announcer(listener, timeout=2)
+        assert heard == younger
+    assert second.poll() is None
+
+
+def test_a_row_falling_due_unannounced_is_announced_while_the_poller_is_busy(workers, tmp_path) -> None:
+    # The poller's one thread runs a long job; the row falls due later with no trigger (as a
+    # retry's backoff ends): the look runs all the same (it waited for the others' poll).
+    env = workers.env(AXA_TEST_POLL="0.5")
+    workers.start("--concurrency", "1", "--new-queue", "a", env=env)
+    wait_for(lambda: beaten(1), what="the poller to beat")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO axa_queue (id, name, queue, args) VALUES (gen_random_uuid(), 'tests.testapp.jobs.slow', "
+            "'a', %s) RETURNING id",
+            ['{"seconds": 20}'],
+        )
+    wait_for(lambda: Job.objects.filter(status="running").exists(), what="the poller's thread to be busy")
+    with psycopg.connect(database_url(), autocommit=True) as listener:
+        listener.execute("LISTEN axa_queue")
+        (look,) = (row[0] for row in listener.execute(LISTENERS))
+        insert_raw("elsewhere", delay=1.0)
+        assert announcer(listener) == look
 
 
 @pytest.mark.parametrize(

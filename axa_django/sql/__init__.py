@@ -157,11 +157,11 @@ VALUES (%(worker)s, %(hostname)s, %(pid)s, %(concurrency)s, %(queues)s::jsonb, %
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 """
 
-# The fleet's poller (worker/quiet.py): the worker whose heartbeat connection holds this session
-# lock, taken by a beat (``elect``), let go when that connection closes (the worker stopped or died).
-POLLER_LOCK = "pg_try_advisory_lock(178913281, 1)"
+POLLER = """(SELECT w.id = %(worker)s FROM axa_worker w WHERE w.heartbeat_at > now() - w.lease_seconds
+ * interval '1 second' ORDER BY w.started_at, w.id LIMIT 1)"""
 # Heartbeat, collect cancellations asked of this worker's running jobs, read back who asked
-# it to stop from the admin (NULL: nobody; the Workers page), and take the poll if ``elect``.
+# it to stop from the admin (NULL: nobody; the Workers page), and if ``elect`` whether it is the
+# fleet's poller (worker/quiet.py: the eldest worker live within its lease; no session state).
 # The jobs are found by their ids (the worker's in flight), never through axa_queue_running
 # by worker id: under a held snapshot, that walk reads every row this worker ever ran, and
 # a heartbeat slowed past its timeout would have the worker taken for dead.
@@ -173,7 +173,7 @@ SELECT (SELECT count(*) FROM beat),
                AND status || '' = 'running' AND cancel_requested),
        {NO_FLUSH},
        (SELECT stop_requested_by FROM beat),
-       CASE WHEN %(elect)s THEN {POLLER_LOCK} END
+       CASE WHEN %(elect)s THEN {POLLER} END
 """
 
 # Requeue jobs of dead workers (no heartbeat within the lease), and rows claimed

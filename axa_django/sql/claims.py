@@ -293,17 +293,18 @@ def compose(
 # the entry of every row that was ever running, which a held snapshot keeps (worker/lanes.py).
 
 
-# The fleet's poller, idle: are there rows that fell due lately and are still queued? Then
-# every worker is woken, as an enqueue wakes them: rows made claimable without a word (written
-# with triggers off, a queue's slot freed by the seed's FINISH, a row a user held as it fell due,
-# a retry written by a worker since stopped) are claimed within POLL_INTERVAL though the others
-# poll less often. Only rows due
-# within ``window`` s (the others' poll): older ones are theirs to find, and a walk from
-# the start of the ready index would read every entry a held snapshot keeps.
+# The fleet's poller, every POLL_INTERVAL (on its listener's connection, busy or idle): did
+# queued rows fall due since its last look (``since``; the first looks back ``window`` s)? Then
+# every worker is woken, as an enqueue wakes them: rows made claimable without a word (a retry's
+# backoff ending, rows written with triggers off, a slot freed by the seed's FINISH) are claimed
+# within POLL_INTERVAL though the others poll less often. A paused queue's rows wake nobody. An
+# index range on run_at from ``since``: never the entries a held snapshot keeps before it.
 FLEET_PROBE = """
-SELECT pg_notify('axa_queue', '') FROM (
-    SELECT 1 FROM ONLY axa_queue
-    WHERE status = 'queued' AND run_at <= now() AND run_at > now() - %(window)s * interval '1 second'
+SELECT now(), (
+    SELECT pg_notify('axa_queue', '') FROM ONLY axa_queue q
+    WHERE q.status = 'queued' AND q.run_at <= now()
+      AND q.run_at > COALESCE(%(since)s::timestamptz, now() - %(window)s * interval '1 second')
+      AND NOT EXISTS (SELECT 1 FROM axa_paused_queue p WHERE p.queue = q.queue)
     LIMIT 1
-) found
+)
 """

@@ -47,7 +47,6 @@ class Dispatcher:
         self.watchman = watchman
         self._next_adopt = 0.0
         self._last_claimed = 0  # rows the last claim took: the next takes at most twice as many
-        self._next_probe = 0.0  # as the fleet's poller: when it may look for rows fallen due unannounced
 
     def register(self) -> None:
         """Write this worker's row."""
@@ -79,8 +78,6 @@ class Dispatcher:
                 # More rows are waiting and other threads are about to free up: wait
                 # a moment for them, so that one claim serves several.
                 room = self._gather(claimed_total)
-            # A claim after an idle wait that nothing announced: rows it finds fell due unannounced.
-            polled = idle is not None and idle[0] == self.quiet.news and time.monotonic() >= idle[1]
             if idle is not None:
                 news, until = idle
                 if news == self.quiet.news and self.quiet.heard_all and not options.burst and time.monotonic() < until:
@@ -113,8 +110,6 @@ class Dispatcher:
                 # this thread goes on to look for the next due row. At a trickle, commit to
                 # start 0.03-0.08 ms sooner (benchmarks/results/pg15-pickup-yield-ab.txt).
                 time.sleep(0)
-            if self.quiet.poller and (polled or not jobs):
-                self._probe()
             if not jobs:
                 self.quiet.stir(news=False)  # idle: the next claim tries every kind again
                 if not tried_all:
@@ -187,30 +182,10 @@ class Dispatcher:
         self.control.wake.wait(max(0.0, min(timeout, self.options.poll_interval)))
 
     def _idle_wait(self, timeout: float) -> None:
-        """Wait up to ``timeout`` for news; the fleet's poller looks for rows fallen due every POLL_INTERVAL meanwhile.
-
-        The look is one statement where a claim and the look were two: its notification
-        wakes every worker, this one too, and the claims follow.
-        """
+        """Wait up to ``timeout`` for news (the fleet's poller announces rows fallen due unannounced)."""
         if self.ledger.has_starts():
             timeout = min(timeout, MARK_AFTER)
-        deadline = time.monotonic() + max(0.0, timeout)
-        wake = self.control.wake
-        while True:
-            left = deadline - time.monotonic()
-            step = min(left, self.options.poll_interval) if self.quiet.poller else left
-            if wake.wait(max(0.0, step)) or time.monotonic() >= deadline:
-                return
-            self._probe()
-
-    def _probe(self) -> None:
-        """As the fleet's poller, at most every POLL_INTERVAL: wake every worker if rows fell due unannounced."""
-        now = time.monotonic()
-        if now < self._next_probe:
-            return
-        self._next_probe = now + self.options.poll_interval
-        window = max(self.options.poll_interval, self.options.housekeeping_interval) + self.options.poll_interval
-        self.db.execute(sql.FLEET_PROBE, {"window": window}, bounded=True)
+        self.control.wake.wait(max(0.0, timeout))
 
     def _mark_started(self) -> None:
         """Write started_at of claimed-ahead jobs running past MARK_AFTER: a lost worker then counts them a loss."""

@@ -91,7 +91,7 @@ class Heartbeat:
                 if conn is None or conn.closed:
                     self._lost_poll()
                     conn = connect(self.options.using, "heartbeat")
-                elect = self.quiet is not None and self.quiet.poller is not True
+                elect = self.quiet is not None
                 with conn.transaction(), conn.cursor() as cursor:
                     cursor.execute(sql.TIMEOUTS, {"statement": timeout, "lock": timeout})
                     params = {"worker": self.worker_id, "ids": self.ledger.ids(), "elect": elect}
@@ -99,7 +99,7 @@ class Heartbeat:
                     alive, cancelled, _, stop_by, polls = cursor.fetchone() or (1, [], None, None, None)
                     if not alive:
                         self.rejoin(cursor)
-                if elect and self.quiet is not None:
+                if self.quiet is not None:
                     self.quiet.poller = bool(polls)
             except refused.OUTAGE as error:
                 if not isinstance(error, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
@@ -145,7 +145,7 @@ class Heartbeat:
         close(conn)
 
     def _lost_poll(self) -> None:
-        """The connection that held the fleet's poll is gone: poll at POLL_INTERVAL until a beat tries again."""
+        """No beat now: whether this worker is the fleet's poller is unknown until one; poll at POLL_INTERVAL."""
         if self.quiet is not None:
             self.quiet.poller = None
 
