@@ -20,6 +20,9 @@ FINISHED = ("completed", "failed", "cancelled")
 POLICIES = ("cancel", "run")
 # Error text of a child cancelled because a parent did not complete; revive looks for it.
 PARENT_FAILED = "ParentFailed"
+# How SETTLE_GONE names a parent deleted before it ended: not completed, so its children
+# are settled as a cancel settles them (their on_parent_failure), their error saying why.
+DELETED = "deleted"
 
 # Settle the children of jobs that just ended: mark their edges counted, decrement each
 # child's counter, queue it at 0, cancel it (and, through the graph, the descendants
@@ -74,8 +77,10 @@ WITH RECURSIVE ended AS (
             ELSE 'waiting' END,
         error = CASE
             WHEN f.id IS NOT NULL OR (c.bad IS NOT NULL AND q.on_parent_failure IS DISTINCT FROM 'run')
-                THEN format('{PARENT_FAILED}: parent job %%s ended %%s, so this job was cancelled',
-                            COALESCE(f.cause, c.bad), COALESCE(f.cause_status, c.bad_status))
+                THEN format('{PARENT_FAILED}: parent job %%s %%s, so this job was cancelled',
+                            COALESCE(f.cause, c.bad), CASE COALESCE(f.cause_status, c.bad_status)
+                                WHEN '{DELETED}' THEN 'was deleted before it ended'
+                                ELSE 'ended ' || COALESCE(f.cause_status, c.bad_status) END)
             ELSE q.error END,
         finished_at = CASE
             WHEN f.id IS NOT NULL OR (c.bad IS NOT NULL AND q.on_parent_failure IS DISTINCT FROM 'run')
@@ -115,6 +120,22 @@ SWEEP = SETTLE.replace(
     SELECT q.id, q.status FROM waiting_on w JOIN axa_queue q ON q.id = w.parent_id
     WHERE q.status IN ('completed', 'failed', 'cancelled')
     LIMIT 1000
+)""",
+)
+
+# SETTLE for parents deleted in this transaction (models/moves.py: every delete through the
+# ORM, so the admin's and the bulk delete's too), each with the status its row had when
+# deleted: one deleted before it ended settles its children as if it had been cancelled;
+# one that had ended settles them as it ended, which changes nothing once they were counted
+# (by its finisher, or the sweep after the seed's FINISH), and else does what the sweep
+# would have done: the sweep reads only parents that still exist. An id still found in a
+# table is left alone (a row the delete did not take).
+SETTLE_GONE = SETTLE.replace(
+    _ENDED,
+    f"""ended AS (
+    SELECT g.id, CASE WHEN g.status IN ('completed', 'failed', 'cancelled') THEN g.status ELSE '{DELETED}' END AS status
+    FROM unnest(%(ids)s::uuid[], %(statuses)s::text[]) AS g(id, status)
+    WHERE NOT EXISTS (SELECT 1 FROM axa_queue q WHERE q.id = g.id)
 )""",
 )
 
@@ -193,4 +214,13 @@ def settle(cursor: Any, ids: Iterable[uuid.UUID]) -> list[tuple[uuid.UUID, str]]
     if not ids:
         return []
     cursor.execute(SETTLE, {"ids": ids})
+    return [(row[0], row[1]) for row in cursor.fetchall() if row[0] is not None]
+
+
+def settle_gone(cursor: Any, rows: Iterable[tuple[uuid.UUID, str]]) -> list[tuple[uuid.UUID, str]]:
+    """Settle the children of parents just deleted, given as (id, status its row had); return those changed."""
+    rows = list(rows)
+    if not rows:
+        return []
+    cursor.execute(SETTLE_GONE, {"ids": [job_id for job_id, _ in rows], "statuses": [status for _, status in rows]})
     return [(row[0], row[1]) for row in cursor.fetchall() if row[0] is not None]

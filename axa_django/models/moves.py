@@ -10,6 +10,10 @@ stale row back (two rows with one id). Here every write by id runs again, as a n
 statement with a fresh snapshot, when it found fewer rows than it named; ``save()``
 writes only the fields the caller changed since the row was read, and never inserts
 a row whose id is taken.
+
+A delete also settles the children of the workflow parents it deletes, in its own
+transaction: a parent deleted before it ended would otherwise hold its children
+``waiting`` for ever (the workers' sweep settles only parents that still exist).
 """
 
 from __future__ import annotations
@@ -20,12 +24,16 @@ from typing import Any, TypeVar
 
 from django.apps import apps
 from django.core import checks
-from django.core.exceptions import ValidationError
-from django.db import DatabaseError, IntegrityError, models, router, transaction
+from django.core.exceptions import EmptyResultSet, ValidationError
+from django.db import DatabaseError, IntegrityError, connections, models, router, transaction
+from django.db.models import sql
+from django.db.models.deletion import Collector
 from django.db.models.expressions import Col
 from django.db.models.lookups import Exact, In
 from django.db.models.query_utils import DeferredAttribute
 from django.db.models.sql.where import AND
+
+from .. import dependencies
 
 # Statements a write by id runs at most: each retry waits for the mover's lock, then sees
 # where the row went. A row retried and finished again meanwhile moves twice.
@@ -33,6 +41,42 @@ TRIES = 3
 
 # Fields whose values are mutable (JSON): their value at load is kept as a copy.
 _MUTABLE = (dict, list)
+
+# A row's state as a delete locked it: (id, status, has_children).
+Locked = tuple[Any, str, bool]
+
+# Django's fast delete (one DELETE: no signal receiver, no relation to follow), returning
+# how many rows it deleted and the parents among them with the status each had as deleted
+# (after any wait on its lock): exact, with no read before the delete to fall out of date.
+_DELETE_RETURNING = (
+    "WITH axa_gone AS ({delete} RETURNING id, status, has_children) "
+    "SELECT count(*), array_agg(id) FILTER (WHERE has_children), array_agg(status) FILTER (WHERE has_children) "
+    "FROM axa_gone"
+)
+
+
+def lock_rows(model: type[models.Model], using: str, targets: Iterable[Any]) -> list[Locked]:
+    """Lock the rows of ids ``targets`` where they are now, in id order (inside a transaction); return each
+    one's state. A row that moved while this waited on its lock is looked for again by a fresh statement."""
+    targets = set(targets)
+    rows = model._base_manager.using(using).filter(pk__in=targets).order_by("pk").select_for_update(of=("self",))
+    found: list[Locked] = []
+    for _ in range(TRIES):
+        again = list(rows.values_list("pk", "status", "has_children"))
+        if len(again) <= len(found):
+            break
+        found = again
+        if len(found) >= len(targets):
+            break
+    return found
+
+
+def settle_deleted(using: str, rows: Iterable[Locked]) -> None:
+    """Settle the children of the parents among ``rows`` that are gone now (dependencies.SETTLE_GONE)."""
+    parents = [(job_id, status) for job_id, status, has_children in rows if has_children]
+    if parents:
+        with connections[using].cursor() as cursor:
+            dependencies.settle_gone(cursor, parents)
 
 
 class JobGone(DatabaseError):
@@ -87,14 +131,12 @@ class MovingQuerySet(models.QuerySet[M]):
                 self._result_cache = rows
         super()._fetch_all()
 
-    def _lock_targets(self) -> None:
+    def _lock_targets(self) -> list[Locked]:
         """Lock the rows this queryset names by id, where they are now (call inside a transaction).
 
         The ids alone (an annotated or grouped queryset cannot be locked as it is), in id order.
         """
-        targets = pk_targets(self.query) or set()
-        rows = self.model._base_manager.using(self.db).filter(pk__in=targets).order_by("pk")
-        list(rows.select_for_update(of=("self",)).values_list("pk", flat=True))
+        return lock_rows(self.model, self.db, pk_targets(self.query) or set())
 
     def _by_id(self) -> bool:
         """Whether this queryset names its rows by id, in a shape a locking read can take first."""
@@ -112,15 +154,50 @@ class MovingQuerySet(models.QuerySet[M]):
     update.alters_data = True  # type: ignore[attr-defined]
 
     def delete(self) -> tuple[int, dict[str, int]]:
-        """Delete the rows; rows named by id are found even while they move (locked first, then deleted)."""
-        if not self._by_id() or self.query.distinct_fields:
-            return super().delete()  # as Django does (it refuses slices and distinct itself)
+        """Delete the rows; rows named by id are found even while they move (locked first, then deleted).
+
+        The children of the workflow parents deleted are settled in the same transaction.
+        """
+        query = self.query
+        if query.is_sliced or query.distinct_fields or query.combinator or self._fields is not None:
+            return super().delete()  # Django refuses these
         with transaction.atomic(using=self.db, savepoint=False):
-            self._lock_targets()
-            return super().delete()
+            if Collector(using=self.db, origin=self).can_fast_delete(self):
+                if self._by_id():
+                    self._lock_targets()
+                return super().delete()  # one DELETE: _raw_delete settles the children
+            # Django reads the rows, then deletes them by id: they are locked first, so each is
+            # deleted as it was read.
+            jobs = self
+            if not self._by_id():
+                jobs = self.filter(pk__in=list(self.values_list("pk", flat=True)))
+            rows = jobs._lock_targets()
+            deleted = super(MovingQuerySet, jobs).delete()
+            settle_deleted(self.db, rows)
+            return deleted
 
     delete.alters_data = True  # type: ignore[attr-defined]
     delete.queryset_only = True  # type: ignore[attr-defined]
+
+    def _raw_delete(self, using: str) -> int:
+        """Django's fast delete, as one statement that also names the parents it deleted, whose children
+        are settled next (the caller's transaction)."""
+        query = self.query.clone()
+        query.__class__ = sql.DeleteQuery
+        try:
+            statement, params = query.get_compiler(using).as_sql()
+        except EmptyResultSet:
+            return 0
+        if not statement:
+            return 0
+        with connections[using].cursor() as cursor:
+            cursor.execute(_DELETE_RETURNING.replace("{delete}", statement), params)
+            count, ids, statuses = cursor.fetchone()
+            if ids:
+                dependencies.settle_gone(cursor, zip(ids, statuses, strict=True))
+        return int(count)
+
+    _raw_delete.alters_data = True  # type: ignore[attr-defined]
 
     def bulk_create(self, objs: Iterable[Any], *args: Any, **kwargs: Any) -> list[Any]:
         """Insert new rows; an id already in use anywhere (the history included) is refused, or skipped
@@ -267,14 +344,10 @@ class StaysPut(models.Model):
         """Delete this job's row, wherever it is now (locked first: a row moving meanwhile is waited for)."""
         using = using or router.db_for_write(self.__class__, instance=self)
         with transaction.atomic(using=using, savepoint=False):
-            list(
-                type(self)
-                ._base_manager.using(using)
-                .filter(pk=self.pk)
-                .select_for_update(of=("self",))
-                .values_list("pk", flat=True)
-            )
-            return super().delete(using=using, keep_parents=keep_parents)
+            rows = lock_rows(type(self), using, [self.pk])
+            deleted = super().delete(using=using, keep_parents=keep_parents)
+            settle_deleted(using, rows)  # a workflow parent's children
+            return deleted
 
     delete.alters_data = True  # type: ignore[attr-defined]
 
