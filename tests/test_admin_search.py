@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from django.contrib.admin import site
 from django.db import connection
-from django.test import Client
+from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
@@ -196,6 +196,33 @@ def test_a_nul_in_the_search_is_refused(admin_client: Client) -> None:
         parse("args.a:\x00")
     response = admin_client.get(JOBS + "?q=args.a%3A%00")
     assert response.status_code == 400 and b"NUL" in response.content
+
+
+@pytest.mark.parametrize(
+    ("use_tz", "term", "said"),
+    [
+        (True, "args.user_id:" + "1" * 5000, "in args.user_id: is a number of 5,000 digits, more than 4,300"),
+        (False, "after:0001-01-01T00:00+14:00", "after:0001-01-01T00:00+14:00 falls outside the years 1 to 9999"),
+        (False, "before:9999-12-31T23:00-12:00", "before:9999-12-31T23:00-12:00 falls outside the years 1 to 9999"),
+    ],
+)
+def test_a_number_past_pythons_digits_or_a_time_past_the_calendar_is_a_message_on_each_page(
+    admin_client: Client, use_tz: bool, term: str, said: str
+) -> None:
+    # Before: json.loads' int digit limit (ValueError) and make_naive (OverflowError) were 500s.
+    with override_settings(USE_TZ=use_tz, TIME_ZONE="UTC"):
+        with pytest.raises(SearchError, match=re.escape(said)):
+            parse(term)
+        for url in (JOBS, FAILED):
+            response = admin_client.get(url, {"q": term})
+            assert response.status_code == 200 and response.context["cl"].result_count == 0, url
+            problem = re.search(r'id="axa-search-problem">([^<]*)<', response.content.decode())
+            assert problem and said.replace("'", "&#x27;") in problem.group(1), url
+        for list_name in ("job", "failedjob"):
+            confirm = reverse("admin:axa_django_bulkoperation_start", args=[list_name, "retry"])
+            response = admin_client.get(confirm, {"q": term}, follow=True)
+            shown = [str(m) for m in response.context["messages"]]
+            assert response.status_code == 200 and any(said in m and "Nothing was changed" in m for m in shown)
 
 
 def test_retry_all_matching_refuses_a_malformed_search(admin_client: Client) -> None:

@@ -21,6 +21,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from axa_django import Job, workflow
+from axa_django.admin import timeline
 from axa_django.admin.display import format_duration, full_time
 from axa_django.models import Dependency, Worker
 from tests.test_admin import user_with
@@ -54,6 +55,12 @@ def timeline_rows(html: str) -> list[tuple[str, str, str, str]]:
         body,
     )
     return [tuple(cell.strip() for cell in row) for row in rows]
+
+
+def sql(statement: str, *params: Any) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        return cursor.fetchall()
 
 
 def sql_one(statement: str, *params: Any) -> Any:
@@ -179,6 +186,82 @@ def test_a_fan_in_draws_some_parents_and_counts_the_rest(admin_client: Client) -
         child.pk,
     )[0]
     assert f"Waiting for {edges - ended} of {edges} parents" in html
+
+
+# Finished parents in the history, their edges counted, as a fan-in's workers leave them.
+WIDE = """
+WITH parents AS (
+    INSERT INTO axa_history (id, name, args, status, has_children, attempts, max_attempts, run_at, started_at, finished_at)
+    SELECT gen_random_uuid(), 'tests.testapp.jobs.add', '{}', 'completed', true, 1, 1, now(), now(), now()
+    FROM generate_series(1, %s) RETURNING id
+)
+INSERT INTO axa_dependency (parent_id, child_id, done) SELECT id, %s, true FROM parents
+"""
+
+
+# What a job's page may read: EDGES_READ edges, counted again, and their parents, each probed
+# in the test's few queued rows (a sequential scan) and the history's primary key.
+BOUND = 12 * timeline.EDGES_READ
+
+
+def rows_read(client: Client, job: Any) -> tuple[int, str]:
+    """Rows and index entries of axa_ tables the job's page reads (this transaction's statistics), and the page."""
+    count = (
+        "SELECT sum(pg_stat_get_xact_tuples_returned(oid) + pg_stat_get_xact_tuples_fetched(oid)) FROM pg_class "
+        "WHERE relname LIKE 'axa\\_%%'"
+    )
+    before = sql_one(count)[0]
+    html = page(client, job)
+    return int(sql_one(count)[0] - before), html
+
+
+def test_a_wide_fan_in_or_fan_out_reads_a_bounded_number_of_rows_and_says_over(admin_client: Client) -> None:
+    # Before: one probe per parent and a count of every edge (300,000 parents: 1.5-3.4 s a page).
+    open_parents = wj.noop.perform_later_many([{"i": 1}, {"i": 2}])
+    child = wj.noop.using(after=open_parents).perform_later(0)
+    reads = []
+    for more in (1_200, 4_800):  # the same rows read at 1,202 parents and at 6,002
+        with connection.cursor() as cursor:
+            cursor.execute(WIDE, [more, child.pk])
+            cursor.execute("ANALYZE axa_history, axa_dependency")
+        read, html = rows_read(admin_client, child)
+        reads.append(read)
+    assert reads[1] <= reads[0] + 20 and read < BOUND, reads  # 6,002 edges and parents: 48,000 before
+    edges, pending, uncounted = sql_one(
+        "SELECT count(*), (SELECT pending_parents FROM axa_queue WHERE id = %s), count(*) FILTER (WHERE NOT done) "
+        "FROM axa_dependency WHERE child_id = %s",
+        child.pk,
+        child.pk,
+    )
+    assert edges == 6_002 > timeline.EDGES_READ and pending == uncounted == 2
+    assert [row[2:] for row in timeline_rows(html)][1:] == [
+        ("Waiting for 2 parents", "of over 1,000, as its row counts")
+    ]
+    graph = html.split('id="axa-graph"', 1)[1].split("</svg>", 1)[0]
+    first = [
+        row[0] for row in sql("SELECT parent_id FROM axa_dependency WHERE child_id = %s ORDER BY 1 LIMIT 8", child.pk)
+    ]
+    assert re.findall(r'data-job="([^"]+)"', graph) == [str(child.pk), *map(str, first)]
+    assert "and over 992 more parents" in graph and 'aria-label="This job with over 1,000 parent(s)' in graph
+    assert "<br>and over 980 more" in html  # the Workflow fieldset's 20 links
+    # Every parent ended and counted: done, and when is not read.
+    Job.objects.filter(pk__in=[p.pk for p in open_parents]).update(status="completed", finished_at=T0)
+    Dependency.objects.filter(child_id=child.pk).update(done=True)
+    Job.objects.filter(pk=child.pk).update(status="queued", pending_parents=0)
+    read, html = rows_read(admin_client, child)
+    assert [row[2:] for row in timeline_rows(html)][1:] == [
+        ("Parents done", "the last of over 1,000 parent(s) ended (when is not read: that would read every parent)")
+    ]
+    assert timeline_rows(html)[1][:2] == ("-", "") and read < BOUND, read
+    # A fan-out: a parent's 2,000 children are counted as far as the page reads.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO axa_dependency (parent_id, child_id, done) SELECT %s, gen_random_uuid(), true "
+            "FROM generate_series(1, 2000)",
+            [open_parents[0].pk],
+        )
+    read, html = rows_read(admin_client, open_parents[0])
+    assert "and over 992 more children" in html and "<br>and over 980 more" in html and read < BOUND, read
 
 
 def test_run_now_moves_a_scheduled_job_logs_it_and_records_it_in_the_history(caplog: Any) -> None:

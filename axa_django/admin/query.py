@@ -11,6 +11,7 @@ import datetime
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,9 +162,17 @@ def _scalar(value: str, quoted: bool, head: str) -> Any:
     if value in SCALARS:
         return SCALARS[value]
     if NUMBER.fullmatch(value):
-        number = json.loads(value)
+        try:
+            number = json.loads(value)
+        except ValueError:  # an integer past Python's digit limit (sys.set_int_max_str_digits)
+            raise SearchError(
+                f"{_cut(value)} in {head}: is a number of {len(value.lstrip('-')):,} digits, more than "
+                f"{sys.get_int_max_str_digits():,}, too long to search; quote it to search for the text."
+            ) from None
         if isinstance(number, float) and not math.isfinite(number):
-            raise SearchError(f"{value} in {head}: is too large a number for JSON; quote it to search for the text.")
+            raise SearchError(
+                f"{_cut(value)} in {head}: is too large a number for JSON; quote it to search for the text."
+            )
         return number
     if not value:
         raise SearchError(f'{head}: needs a value, as in {head}:42 or {head}:"text" ("" for the empty string).')
@@ -178,8 +187,19 @@ def _time(name: str, value: str) -> datetime.datetime:
             f"{name}: takes a date or a time, as in {name}:2026-12-01 or {name}:2026-12-06T10:00 (not {value!r})."
         ) from None
     # A time without an offset is in the site's time zone, as the lists show times.
-    if settings.USE_TZ and timezone.is_naive(moment):
-        return timezone.make_aware(moment)
-    if not settings.USE_TZ and timezone.is_aware(moment):
-        return timezone.make_naive(moment)
+    try:
+        if settings.USE_TZ and timezone.is_naive(moment):
+            return timezone.make_aware(moment)
+        if not settings.USE_TZ and timezone.is_aware(moment):
+            return timezone.make_naive(moment)
+    except OverflowError:  # moved to the site's time zone, past year 1 or 9999
+        raise SearchError(
+            f"{name}:{value} falls outside the years 1 to 9999 in the site's time zone ({settings.TIME_ZONE}); "
+            f"give a time inside them, as in {EXAMPLES[name]}."
+        ) from None
     return moment
+
+
+def _cut(value: str) -> str:
+    """A long value as a message shows it: its start and its length."""
+    return value if len(value) <= 24 else f"{value[:20]}... ({len(value)} characters)"

@@ -478,7 +478,7 @@ class Migration(migrations.Migration):
             options={
                 "db_table": "axa_dependency",
                 "indexes": [
-                    models.Index(fields=["child_id"], name="axa_dependency_child"),
+                    models.Index(fields=["child_id", "parent_id"], name="axa_dependency_child"),
                     models.Index(
                         condition=models.Q(("done", False)), fields=["parent_id"], name="axa_dependency_pending"
                     ),

@@ -21,7 +21,7 @@ class Dependency(models.Model):
         db_table = "axa_dependency"
         constraints = [models.UniqueConstraint(fields=["parent_id", "child_id"], name="axa_dependency_edge")]
         indexes = [
-            models.Index(fields=["child_id"], name="axa_dependency_child"),
+            models.Index(fields=["child_id", "parent_id"], name="axa_dependency_child"),
             # Edges not yet counted: few, whatever the history (dependencies.SWEEP).
             models.Index(fields=["parent_id"], name="axa_dependency_pending", condition=models.Q(done=False)),
         ]
