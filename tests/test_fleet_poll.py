@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from django.db import connection, transaction
 
-from axa_django import Job
+from axa_django import Job, queues, sql
 from axa_django.worker.quiet import Quiet
 from tests.conftest import AXA_APPS, database_url, wait_for
 
@@ -110,3 +110,19 @@ def test_a_worker_of_a_polled_fleet_that_hears_every_change_claims_at_its_housek
     quiet = Quiet()
     quiet.poller, quiet.heard_all = poller, heard_all
     assert quiet.idle_wait(0.2, 10.0) == expected
+
+
+def test_the_look_announces_a_row_that_fell_due_once_and_never_a_paused_queues() -> None:
+    # A paused queue's rows falling due woke the whole fleet at every look (the review's case),
+    # and one row woke it at every look of its window.
+    queues.pause("held", "test")
+    insert_raw("held")
+    with psycopg.connect(database_url(), autocommit=True) as look:
+        look.execute("LISTEN axa_queue")
+        (since,) = look.execute(sql.FLEET_PROBE, {"since": None, "window": 10}).fetchone()[:1]
+        assert [n.payload for n in look.notifies(timeout=0.3, stop_after=1)] == []  # the paused queue's row
+        insert_raw("open")
+        (since,) = look.execute(sql.FLEET_PROBE, {"since": None, "window": 10}).fetchone()[:1]
+        assert [n.payload for n in look.notifies(timeout=1, stop_after=1)] == [""]
+        look.execute(sql.FLEET_PROBE, {"since": since, "window": 10})
+        assert [n.payload for n in look.notifies(timeout=0.3, stop_after=1)] == []  # seen at the last look
