@@ -34,6 +34,11 @@ def main() -> None:
     parser.add_argument("--url", required=True, help="the database benchmarks/console.py --keep left")
     parser.add_argument("--queued", type=int, default=200_000)
     parser.add_argument("--no-restore", action="store_true")
+    parser.add_argument(
+        "--drains-only",
+        action="store_true",
+        help="drain alone, twice beside the bulk, then cancel it and drain alone again; no wait for its end",
+    )
     args = parser.parse_args()
     os.environ["DATABASE_URL"] = args.url
     os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.history_settings"
@@ -131,6 +136,16 @@ def main() -> None:
         while BulkOperation.objects.get(pk=op.pk).batches < 2:
             time.sleep(0.05)
         drain("beside the bulk retry")
+        if args.drains_only:
+            drain("beside the bulk retry, again")
+            BulkOperation.objects.filter(pk=op.pk).update(cancel_requested=True)
+            while BulkOperation.objects.get(pk=op.pk).status in ("queued", "running"):
+                time.sleep(0.2)
+            op = BulkOperation.objects.get(pk=op.pk)
+            run = (op.finished_at - op.started_at).total_seconds()
+            print(f"bulk retry {op.status} after {op.changed:,} rows in {run:.0f} s ({op.changed / run:,.0f} rows/s)")
+            drain("alone again")
+            return
         while BulkOperation.objects.get(pk=op.pk).status in ("queued", "running"):
             time.sleep(1)
         total = time.perf_counter() - confirmed
