@@ -135,7 +135,7 @@ def test_a_worker_asked_to_stop_hands_its_bulk_operation_on_and_exits_within_a_s
     first = workers.start("--job", bulkjob.NAME, env=workers.env(**QUIET))
     wait_for(lambda: fresh(op).batches >= 2, 60, "two batches")
     first.send_signal(signal.SIGTERM)
-    assert first.wait(timeout=bulkjob.SLICE_SECONDS + 20) == 0
+    assert first.wait(timeout=bulkjob.SLICE_SECONDS + 20) == 0  # a slice here: LEASE_SECONDS (3 s)
     handed = fresh(op)
     assert handed.status == "running" and handed.batches < n // 2
     job = Job.objects.get(pk=handed.job_id)

@@ -59,9 +59,10 @@ def announcer(listener: psycopg.Connection, timeout: float = 15) -> int | None:
 
 def test_the_eldest_live_worker_announces_unannounced_rows_and_the_next_takes_over_when_it_dies(workers) -> None:
     # Rows of a queue nobody serves, written with no trigger: only the poller's look announces them.
-    first = workers.start("--concurrency", "1", "--new-queue", "a")
+    env = workers.env(AXA_TEST_LEASE="1.5")  # the dead poller's lease runs out sooner
+    first = workers.start("--concurrency", "1", "--new-queue", "a", env=env)
     wait_for(lambda: beaten(1), what="the first worker to beat")
-    second = workers.start("--concurrency", "1", "--new-queue", "a")
+    second = workers.start("--concurrency", "1", "--new-queue", "a", env=env)
     wait_for(lambda: beaten(2), what="both workers to beat")
     with psycopg.connect(database_url(), autocommit=True) as listener:
         listener.execute("LISTEN axa_queue")

@@ -74,9 +74,10 @@ BUSY_PAUSE = 1.0
 # 55P03: a lock not granted within lock_timeout.
 LOCK_NOT_AVAILABLE = "55P03"
 
-# A run of the job hands the rest to a new job of its own after this many seconds: a worker
-# asked to stop (SIGTERM, the Workers page) waits for its running jobs, and one run of a
-# million rows kept it for the whole operation. The new job goes on from the saved position.
+# A run of the job hands the rest to a new job of its own after this many seconds (or
+# LEASE_SECONDS, if shorter): a worker asked to stop (SIGTERM, the Workers page) waits for its
+# running jobs, and one run of a million rows kept it for the whole operation. The new job goes
+# on from the saved position.
 SLICE_SECONDS = 10.0
 
 MORE, WALKED, STOPPED, CANCEL, SLICED = "more", "walked", "stopped", "cancel", "sliced"
@@ -292,7 +293,7 @@ class Runner:
         """Batches from the saved position to the bound; WALKED at the end, STOPPED if cancelled or ended
         elsewhere, SLICED after SLICE_SECONDS (the rest is a new job's)."""
         timeouts, held = 0, False
-        ends = time.monotonic() + SLICE_SECONDS
+        ends = time.monotonic() + min(SLICE_SECONDS, float(conf.get("LEASE_SECONDS")))
         while True:
             began = time.monotonic()
             try:
