@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from django.http import HttpRequest
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
@@ -145,3 +146,35 @@ class JobPermissions:
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # read-only; state changes go through the actions (retry, cancel)
+
+
+class LivePage:
+    """A console page that changes nothing through the admin's own forms: no add, change or delete,
+    its index entry shown to whoever may view it, and a page, its poll (``data/``) and one POST view."""
+
+    post_path = ""  # the POST view's path and URL name, e.g. "stop"
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)  # type: ignore[attr-defined,no-any-return]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[URLPattern]:
+        info = f"{self.opts.app_label}_{self.opts.model_name}"  # type: ignore[attr-defined]
+        wrap = self.admin_site.admin_view  # type: ignore[attr-defined]
+        return [
+            path("", wrap(self.changelist_view), name=f"{info}_changelist"),  # type: ignore[attr-defined]
+            path("data/", wrap(self.data_view), name=f"{info}_data"),  # type: ignore[attr-defined]
+            path(f"{self.post_path}/", wrap(self.post_view), name=f"{info}_{self.post_path}"),  # type: ignore[attr-defined]
+        ]
+
+    def _url(self, name: str) -> str:
+        opts, site = self.opts, self.admin_site  # type: ignore[attr-defined]
+        return reverse(f"admin:{opts.app_label}_{opts.model_name}_{name}", current_app=site.name)

@@ -18,7 +18,7 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect, JsonResponse
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import reverse
 from django.utils.decorators import method_decorator
 from django.views.decorators.cache import never_cache
 
@@ -27,7 +27,7 @@ from ..models.queue import Queue
 from ..ops import dashboard, fleetview
 from ..selection import check_queue
 from .actions import breadcrumbs
-from .display import format_duration, local_time, short_error, thousands
+from .display import LivePage, format_duration, local_time, short_error, thousands
 from .lists import refuse_nul
 
 logger = logging.getLogger("axa_django")
@@ -114,8 +114,10 @@ def poll(snapshot: fleetview.Queues, took: float) -> dict[str, Any]:
 
 
 @admin.register(Queue)
-class QueuesAdmin(admin.ModelAdmin):
+class QueuesAdmin(LivePage, admin.ModelAdmin):  # type: ignore[type-arg]
     """The Queues page: a list with live figures, and a POST view for its controls."""
+
+    post_path = "action"
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         user = request.user
@@ -123,33 +125,9 @@ class QueuesAdmin(admin.ModelAdmin):
             user.has_perm(f"axa_django.{name}") for name in ("view_job", "change_job", "view_queuepause", "pause_queue")
         )
 
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return self.has_view_permission(request)
-
     def has_pause_permission(self, request: HttpRequest) -> bool:
         """May this user pause, resume and limit queues (``axa_django.pause_queue``)."""
         return request.user.has_perm(PERMISSION)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def get_urls(self) -> list[URLPattern]:
-        info = f"{self.opts.app_label}_{self.opts.model_name}"
-        wrap = self.admin_site.admin_view
-        return [
-            path("", wrap(self.changelist_view), name=f"{info}_changelist"),
-            path("data/", wrap(self.data_view), name=f"{info}_data"),
-            path("action/", wrap(self.action_view), name=f"{info}_action"),
-        ]
-
-    def _url(self, name: str) -> str:
-        return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_{name}", current_app=self.admin_site.name)
 
     @method_decorator(never_cache)
     def data_view(self, request: HttpRequest) -> HttpResponse:
@@ -198,7 +176,7 @@ class QueuesAdmin(admin.ModelAdmin):
         request.current_app = self.admin_site.name
         return TemplateResponse(request, "admin/axa_django/queues.html", context, status=400 if form else 200)
 
-    def action_view(self, request: HttpRequest) -> HttpResponse:
+    def post_view(self, request: HttpRequest) -> HttpResponse:
         """Pause, resume, limit or unlimit one queue (POST, ``pause_queue``); then back to the page."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])

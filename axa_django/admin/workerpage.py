@@ -18,14 +18,14 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect, JsonResponse
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import reverse
 from django.utils.decorators import method_decorator
 from django.views.decorators.cache import never_cache
 
 from ..models.queue import LiveWorker
 from ..ops import dashboard, fleetview
 from .actions import breadcrumbs
-from .display import format_duration, local_time, thousands
+from .display import LivePage, format_duration, local_time, thousands
 from .lists import refuse_nul
 
 logger = logging.getLogger("axa_django")
@@ -92,40 +92,18 @@ def summary(snapshot: fleetview.Workers) -> str:
 
 
 @admin.register(LiveWorker)
-class WorkersAdmin(admin.ModelAdmin):
+class WorkersAdmin(LivePage, admin.ModelAdmin):  # type: ignore[type-arg]
     """The Workers page: live workers with their running jobs, and a POST view asking one to stop."""
+
+    post_path = "stop"
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         user = request.user
         return any(user.has_perm(f"axa_django.{name}") for name in ("view_job", "change_job", "stop_worker"))
 
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return self.has_view_permission(request)
-
     def has_stop_permission(self, request: HttpRequest) -> bool:
         """May this user ask a worker to stop (``axa_django.stop_worker``)."""
         return request.user.has_perm(PERMISSION)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def get_urls(self) -> list[URLPattern]:
-        info = f"{self.opts.app_label}_{self.opts.model_name}"
-        wrap = self.admin_site.admin_view
-        return [
-            path("", wrap(self.changelist_view), name=f"{info}_changelist"),
-            path("data/", wrap(self.data_view), name=f"{info}_data"),
-            path("stop/", wrap(self.stop_view), name=f"{info}_stop"),
-        ]
-
-    def _url(self, name: str) -> str:
-        return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_{name}", current_app=self.admin_site.name)
 
     def _job_url(self) -> str:
         return reverse("admin:axa_django_job_change", args=[uuid.UUID(int=0)], current_app=self.admin_site.name)
@@ -175,7 +153,7 @@ class WorkersAdmin(admin.ModelAdmin):
         request.current_app = self.admin_site.name
         return TemplateResponse(request, "admin/axa_django/workers.html", context)
 
-    def stop_view(self, request: HttpRequest) -> HttpResponse:
+    def post_view(self, request: HttpRequest) -> HttpResponse:
         """Ask one live worker to stop gracefully (POST, ``stop_worker``); then back to the page."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
