@@ -70,6 +70,26 @@ class CountingCursor(psycopg.Cursor[Any]):
         return super().execute(query, params, **kwargs)
 
 
+def started_its_own_server() -> bool:
+    """Whether this session runs on the embedded server it started (no DATABASE_URL given)."""
+    from django.conf import settings
+
+    return getattr(settings, "TEST_PGDATA", None) is not None
+
+
+# What needs running once per Django version, not once per server, each leg being near its
+# time budget: the console's browser flows (their figures, permissions and writes are tested
+# through the test client on both servers) run where a server was given (CI's Debian legs);
+# the embedded server's own lifecycle and the wheel's first job (README's bare machine: no
+# DATABASE_URL) run where the session started its server.
+ON_A_GIVEN_SERVER = pytest.mark.skipif(
+    started_its_own_server(), reason="a console browser flow: run in the legs given a DATABASE_URL"
+)
+ON_ITS_OWN_SERVER = pytest.mark.skipif(
+    not started_its_own_server(), reason="run in the legs that start the embedded server (no DATABASE_URL)"
+)
+
+
 def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
     """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

@@ -6,11 +6,11 @@ from typing import Any
 
 from axa_django.models.queue import BulkOperation
 from tests import test_browser
-from tests.conftest import Workers
+from tests.conftest import ON_A_GIVEN_SERVER, Workers
 from tests.test_browser import screenshot
 from tests.test_bulk_worker import QUIET, failed_rows, runs
 
-pytestmark = test_browser.pytestmark
+pytestmark = [ON_A_GIVEN_SERVER, *test_browser.pytestmark]
 page = test_browser.page  # the logged-in admin tab
 
 

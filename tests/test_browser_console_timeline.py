@@ -13,13 +13,14 @@ from django.contrib.admin.models import LogEntry
 from axa_django import Job, workflow
 from axa_django.models import Schedule, Worker
 from axa_django.registry import JobFunction
-from tests.conftest import Workers, wait_for
+from tests.conftest import ON_A_GIVEN_SERVER, Workers, wait_for
 from tests.test_browser import CHROMIUM, page, screenshot  # noqa: F401  (page: the logged-in tab fixture)
 from tests.test_console_periodic import periodic  # noqa: F401  (periodic jobs registered for one test)
 from tests.testapp import jobs
 from tests.testapp import workflow_jobs as wj
 
 pytestmark = [
+    ON_A_GIVEN_SERVER,
     pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason=f"no Chromium at {CHROMIUM}"),
     pytest.mark.django_db(transaction=True),
 ]

@@ -8,13 +8,14 @@ from typing import Any
 import pytest
 
 from axa_django.models import QueuePause, Worker
-from tests.conftest import Workers, wait_for
+from tests.conftest import ON_A_GIVEN_SERVER, Workers, wait_for
 from tests.test_browser import CHROMIUM, breadcrumbs_styled, page, screenshot
 from tests.testapp import ops_jobs
 
 __all__ = ["page"]  # the fixture, shared with tests/test_browser.py
 
 pytestmark = [
+    ON_A_GIVEN_SERVER,
     pytest.mark.skipif(
         not os.access(CHROMIUM, os.X_OK), reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)"
     ),

@@ -9,11 +9,13 @@ import pytest
 from django.db import connection
 
 from tests import test_browser
+from tests.conftest import ON_A_GIVEN_SERVER
 from tests.test_browser import CHROMIUM, breadcrumbs_styled, screenshot
 
 page = test_browser.page  # the logged-in tab, a fixture
 
 pytestmark = [
+    ON_A_GIVEN_SERVER,
     pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason=f"no Chromium at {CHROMIUM}"),
     pytest.mark.django_db(transaction=True),
 ]

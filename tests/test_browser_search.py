@@ -7,8 +7,12 @@ from typing import Any
 from django.db import connection
 from django.urls import reverse
 
+from tests.conftest import ON_A_GIVEN_SERVER
 from tests.test_admin_search import ROWS, TO_HISTORY
-from tests.test_browser import page, pytestmark, screenshot  # noqa: F401  (the logged-in page fixture)
+from tests.test_browser import page, screenshot  # noqa: F401  (the logged-in page fixture)
+from tests.test_browser import pytestmark as browser_marks
+
+pytestmark = [ON_A_GIVEN_SERVER, *browser_marks]
 
 JOBS = reverse("admin:axa_django_job_changelist")
 

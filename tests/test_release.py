@@ -25,7 +25,7 @@ import pytest
 
 import axa_django
 from tests import docs_examples
-from tests.conftest import DIE_WITH_PARENT, ROOT, database_url
+from tests.conftest import DIE_WITH_PARENT, ON_ITS_OWN_SERVER, ROOT, database_url
 from tests.test_packaging import build_dist
 
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -111,6 +111,7 @@ def _readme(first_line: str) -> str:
     return next(b.code for b in docs_examples.page_blocks("README.md") if b.key == first_line)
 
 
+@ON_ITS_OWN_SERVER  # README's bare machine: the legs with no DATABASE_URL
 def test_the_wheel_installed_in_a_fresh_venv_runs_the_readme_first_job(fresh_venv, tmp_path, django_db_setup):
     python = fresh_venv / "bin" / "python"
     found = subprocess.run(

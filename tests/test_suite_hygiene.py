@@ -16,7 +16,10 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ON_ITS_OWN_SERVER, ROOT, wait_for
+
+# The embedded server's lifecycle (its children always start one): tested in the legs that do.
+pytestmark = ON_ITS_OWN_SERVER
 
 # The child session's tests: run with tests/conftest.py as a plugin, so they get its fixtures.
 CHILD_TESTS = """
