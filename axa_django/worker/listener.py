@@ -70,6 +70,9 @@ class Listener:
             with conn.transaction():
                 conn.execute("SELECT set_config('statement_timeout', %s, true)", [f"{round(window * 1000)}ms"])
                 row = conn.execute(sql.FLEET_PROBE, {"since": self._since, "window": window}).fetchone()
+        except psycopg.errors.QueryCanceled as error:  # its own timeout: the connection is fine
+            logger.warning("the fleet's look for rows fallen due took too long (%s); trying again", error)
+            return
         except refused.OUTAGE:
             raise
         except psycopg.Error as error:
