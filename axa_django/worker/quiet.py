@@ -30,9 +30,9 @@ class Quiet:
         # NOTIFY); False once it polls: then only a claim can tell.
         self.heard_all = True
         self.token_due: float | None = None  # time.monotonic() of the next rate token of a held-back pair
-        # The fleet's poller (its heartbeat holds sql.POLLER_LOCK): None until a beat tried,
-        # or when this worker does not take part (no notifications, --burst); then True
-        # (this worker polls for the fleet) or False (another does).
+        # Whether this worker polls for the fleet (the eldest worker live within its lease,
+        # sql.POLLER, asked by each beat): None until a beat said, or when it takes no part
+        # (no notifications, --burst); then True (it looks for the fleet) or False (another does).
         self.poller: bool | None = None
 
     def idle_wait(self, poll_interval: float, long_wait: float) -> float:
