@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from . import sql
+from .sql import retry
 
 FINISHED = ("completed", "failed", "cancelled")
 POLICIES = ("cancel", "run")
@@ -139,9 +139,9 @@ SETTLE_GONE = SETTLE.replace(
 )""",
 )
 
-# RETRY (sql.py), also bringing back the descendants a retried job's failure cancelled:
+# RETRY (sql/retry.py), also bringing back the descendants a retried job's failure cancelled:
 # they wait again, counting every parent that has not completed (the retried one among
-# them), in the same statement, so a retry is still one UPDATE.
+# them), in the same statement, so a retry is still one statement.
 _REVIVE = f"""
 ), down(id) AS (
     SELECT q.id FROM retried r
@@ -167,8 +167,8 @@ _REVIVE = f"""
 SELECT id, true, NULL::uuid FROM retried
 """
 _TAIL = "\n)\nSELECT id, true, NULL::uuid FROM retried\n"
-assert sql.RETRY.startswith("\nWITH candidate AS") and _TAIL in sql.RETRY, "sql.RETRY changed shape"
-RETRY = sql.RETRY.replace("\nWITH candidate AS", "\nWITH RECURSIVE candidate AS", 1).replace(_TAIL, _REVIVE, 1)
+assert retry.RETRY.startswith("\nWITH candidate AS") and _TAIL in retry.RETRY, "sql/retry.py's RETRY changed shape"
+RETRY = retry.RETRY.replace("\nWITH candidate AS", "\nWITH RECURSIVE candidate AS", 1).replace(_TAIL, _REVIVE, 1)
 
 
 def parent_ids(after: Any) -> tuple[uuid.UUID, ...]:

@@ -765,7 +765,7 @@ def test_retry_loses_the_race_to_a_concurrent_enqueue_without_an_integrity_error
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                 "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid() AND query LIKE %s",
-                ["%UPDATE axa_queue%"],
+                ["%WITH RECURSIVE candidate%"],  # the retry statement
             )
             return cursor.fetchone()[0] == 1
 

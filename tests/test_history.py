@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from axa_django import Job, history, housekeeping
+from axa_django import Job, dependencies, history, housekeeping, sql
 from axa_django.models import Dependency
 from tests.conftest import AXA_APPS, Workers, wait_for
 from tests.test_cron import Housekeeper, finishes, held
@@ -253,3 +253,57 @@ def test_every_history_table_has_every_index_of_axa_queue() -> None:
         parent = cursor.fetchone()[0]
     assert "axa_history" in children and parent >= 18
     assert children == dict.fromkeys(children, parent)
+
+
+def test_the_columns_a_move_copies_are_every_column_of_the_table() -> None:
+    # FINISH and the retry move rows by this list: a column left out would be lost on the way.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = 'axa_queue'::regclass AND attnum > 0 "
+            "AND NOT attisdropped"
+        )
+        columns = {row[0] for row in cursor.fetchall()}
+    listed = [column.strip() for column in sql.HISTORY_COLUMNS.split(",")]
+    assert len(listed) == len(set(listed)) and set(listed) == columns
+
+
+def test_a_retry_moves_failed_rows_back_as_one_set_keeping_every_other_value() -> None:
+    # The per-row revive (an UPDATE in the history, then a planned-afresh DELETE and an
+    # INSERT per row in axa_history_revive) was most of a bulk retry's cost.
+    fresh()
+    made = [jobs.add.perform_later({"deep": [[[[i]]]]}, b={"n": 10**30}) for i in range(30)]
+    ids = [job.pk for job in made]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE axa_queue SET status = 'failed', attempts = 3, losses = 1, started_at = now(), "
+            "finished_at = now(), error = %s, errors = '[{\"attempt\": 3}]', priority = 7 WHERE id = ANY(%s)",
+            ["'; DROP TABLE axa_queue; -- %s {0}", ids],
+        )
+        cursor.execute("SELECT * FROM axa_queue WHERE id = ANY(%s) ORDER BY id", [ids])
+        names = [column.name for column in cursor.description]
+        before = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+        assert where() == {"axa_history": 30}
+        statement = dependencies.RETRY.format(candidates="WHERE q.id = ANY(%s)")
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, [ids])
+        plan = cursor.fetchone()[0]
+        fired = {
+            t["Trigger Name"]: t["Calls"] for t in (plan if isinstance(plan, list) else json.loads(plan))[0]["Triggers"]
+        }
+        assert "axa_history_revive" not in fired and fired["axa_queue_notify"] == 1, fired
+    # EXPLAIN ANALYZE ran it: the rows are back in axa_queue, queued, as a retry leaves them.
+    assert where() == {"axa_queue": 30}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM axa_queue WHERE id = ANY(%s) ORDER BY id", [ids])
+        after = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    reset = {"status", "run_at", "started_at", "finished_at", "worker_id", "attempts", "losses", "updated_at"}
+    for old, new in zip(before, after, strict=True):
+        assert {k: new[k] for k in reset - {"run_at", "updated_at"}} == {
+            "status": "queued",
+            "started_at": None,
+            "finished_at": None,
+            "worker_id": None,
+            "attempts": 0,
+            "losses": 0,
+        }
+        assert {k: v for k, v in new.items() if k not in reset} == {k: v for k, v in old.items() if k not in reset}
+    assert Job.objects.get(pk=ids[0]).args["a"]["deep"] == [[[[0]]]]

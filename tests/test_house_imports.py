@@ -24,6 +24,7 @@ ORDER = [
     "arguments",
     "sql.claims",
     "sql",
+    "sql.retry",
     "sql.refused",
     "sql.flow",
     "sql.queues",

@@ -124,6 +124,16 @@ def _failed(conn: psycopg.Connection[Any]) -> Subject:
     return s
 
 
+def _failed_in_place(conn: psycopg.Connection[Any]) -> Subject:
+    """Failed, and kept in axa_queue itself (as a move the database refused leaves it: sql/refused.py)."""
+    s = _failed(conn)
+    conn.execute(
+        "WITH gone AS (DELETE FROM ONLY axa_history WHERE id = %s RETURNING *) INSERT INTO axa_queue SELECT * FROM gone",
+        [s.id],
+    )
+    return s
+
+
 def _seed_running(conn: psycopg.Connection[Any]) -> Subject:
     job_id = seed_enqueue_and_claim(conn, SEED_NAME)
     return _started_long_ago(conn, Subject(job_id, SEED_NAME))
@@ -140,6 +150,7 @@ STATES: dict[str, Callable[[psycopg.Connection[Any]], Subject]] = {
     "seed stale": _seed_running,  # claimed by the seed's CLAIM two hours ago (worker_id NULL)
     "queued": _queued,
     "failed": _failed,  # in the history
+    "failed in place": _failed_in_place,
 }
 
 
@@ -384,13 +395,16 @@ PAIRS = [
     ("seed stale",      "seed FINISH",   "RESCUE",          C, 0, "completed@history",    0, "running@queue"),
     ("seed stale",      "RESCUE",        "REQUEUE_STALE",   W, 0, "queued@queue",         1, "queued@queue"),
     ("seed stale",      "seed FINISH",   "cancel",          W, 0, "completed@history",    1, "running+cancel@queue"),
-    # A failed row in the history: the admin's retry revives it (axa_history_revive).
+    # A failed row in the history: the admin's retry moves it back to axa_queue (sql/retry.py).
     ("failed",          "retry",         "retry",           W, 0, "queued@queue",         1, "queued@queue"),
     ("failed",          "retry",         "retry_selected",  W, 0, "queued@queue",         1, "queued@queue"),
     ("failed",          "retry",         "job.retry",       W, 0, "queued@queue",         1, "queued@queue"),
     ("failed",          "retry",         "cancel",          C, 0, "queued@queue",         0, "failed@history"),
     ("failed",          "retry",         "CLAIM",           C, 0, "queued@queue",         0, "failed@history"),
     ("failed",          "job.delete",    "retry",           W, 0, "gone",                 1, "queued@queue"),
+    ("failed",          "update",        "retry",           W, 1, "queued@queue",         1, "queued@queue"),
+    ("failed in place", "retry",         "retry_selected",  W, 0, "queued@queue",         1, "queued@queue"),
+    ("failed in place", "job.delete",    "retry",           W, 0, "gone",                 1, "queued@queue"),
 ]
 # fmt: on
 
@@ -449,7 +463,8 @@ MOVERS = [
     ("queued",          "cancel"),         # -> cancelled, moved by axa_history_keep
     ("seed stale",      "seed FINISH"),    # -> completed, moved by axa_history_keep
     ("seed stale",      "REQUEUE_STALE"),  # -> queued, in place
-    ("failed",          "retry"),          # -> queued, moved back by axa_history_revive
+    ("failed",          "retry"),          # -> queued, moved back to axa_queue by the retry
+    ("failed in place", "retry"),          # -> queued, in place
     ("queued",          "job.delete"),     # -> gone
 ]
 # fmt: on

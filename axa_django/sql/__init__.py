@@ -395,37 +395,6 @@ WITH RECURSIVE names AS (
 SELECT name, backend, queue, ready FROM found WHERE ready > 0 ORDER BY ready DESC, name, backend, queue
 """
 
-# Queue failed jobs again, in one statement. A unique key held by a queued or running
-# job, or wanted by two rows of the batch, would break axa_queue_unique (ON CONFLICT
-# does not apply to UPDATE): such rows stay failed and come back with the holder's id.
-# Rows out: (id, true, NULL) for each job retried, (id, false, holder) for each one skipped.
-RETRY = """
-WITH candidate AS (
-    SELECT q.id, q.name, q.unique_key, q.finished_at FROM axa_queue q
-    {candidates} AND q.status = 'failed'
-    FOR UPDATE
-), ranked AS (
-    SELECT c.id,
-        (SELECT l.id FROM axa_queue l
-         WHERE l.name = c.name AND l.unique_key = c.unique_key AND l.status IN ('queued', 'running')
-         LIMIT 1) AS live,
-        CASE WHEN c.unique_key IS NULL THEN c.id ELSE first_value(c.id) OVER (
-            PARTITION BY c.name, c.unique_key ORDER BY c.finished_at DESC NULLS LAST, c.id
-        ) END AS first
-    FROM candidate c
-), retried AS (
-    UPDATE axa_queue q
-    SET status = 'queued', run_at = now(), started_at = NULL, finished_at = NULL,
-        worker_id = NULL, attempts = 0, losses = 0, updated_at = now()
-    FROM ranked r
-    WHERE q.id = r.id AND r.live IS NULL AND r.first = r.id
-    RETURNING q.id
-)
-SELECT id, true, NULL::uuid FROM retried
-UNION ALL
-SELECT id, false, coalesce(live, first) FROM ranked WHERE live IS NOT NULL OR first <> id
-"""
-
 # FINISH for jobs with children, run in a transaction with dependencies.SETTLE: the ids
 # it wrote, whose children to settle, each retry's status beside its id (as FINISH reports
 # them: failed through max_losses, cancelled by the requeue guard), NULL for a row moved.
