@@ -79,6 +79,10 @@ LOCK_NOT_AVAILABLE = "55P03"
 # running jobs, and one run of a million rows kept it for the whole operation. The new job goes
 # on from the saved position.
 SLICE_SECONDS = 10.0
+# Seconds of pause after each second a batch took: an operation takes at most a third of the
+# time it shares with the workers. At 1 (half the time) a worker draining beside a bulk retry
+# at 10,000,000 jobs ran at 0.77x its speed alone on 2 cores (benchmarks/results/pg15-bulk-drains-2.txt).
+PACE = 2.0
 
 MORE, WALKED, STOPPED, CANCEL, SLICED = "more", "walked", "stopped", "cancel", "sliced"
 
@@ -321,10 +325,9 @@ class Runner:
             if time.monotonic() >= ends:
                 return SLICED
             if pause:
-                # At least as long as the batch took: an operation takes at most about half the time
-                # of what it shares with the workers (500 ms alone was half a batch of 1,000 retries
-                # at 10,000,000 jobs, and a worker draining beside it ran at 0.69x its speed).
-                time.sleep(max(pause, time.monotonic() - began))
+                # Never shorter than PACE times the batch (500 ms alone was half a batch of 1,000
+                # retries at 10,000,000 jobs, and a worker draining beside it ran at 0.69x its speed).
+                time.sleep(max(pause, PACE * (time.monotonic() - began)))
 
     def batch(self, jobs: QuerySet[Any], held: bool = False) -> tuple[str, float]:
         """One batch in one transaction; ``held``: only the next row, not acted on but kept to try at the end."""
