@@ -635,6 +635,7 @@ def test_format_duration(seconds: float, text: str) -> None:
     assert format_duration(None) == "-"
 
 
+@pytest.mark.halved
 def test_list_queries_read_indexes_not_the_whole_table(admin_client: Client) -> None:
     with connection.cursor() as cursor:
         cursor.execute(

@@ -15,6 +15,7 @@ from django.db import connection
 from tests.conftest import ROOT, database_url
 
 
+@pytest.mark.halved
 @pytest.mark.django_db(transaction=True)
 def test_the_benchmark_runs_and_counts_every_job_once(tmp_path):
     prefix = f"{connection.settings_dict['NAME']}_bench_"
@@ -81,6 +82,7 @@ INTERVAL_LINE = re.compile(
 )
 
 
+@pytest.mark.halved
 @pytest.mark.django_db(transaction=True)
 def test_the_soak_prints_its_lines_and_counts_every_job_once(tmp_path):
     prefix = f"{connection.settings_dict['NAME']}_soak_"
@@ -125,6 +127,7 @@ def test_the_soak_prints_its_lines_and_counts_every_job_once(tmp_path):
     assert not left, "the soak left its database behind"
 
 
+@pytest.mark.halved
 @pytest.mark.django_db(transaction=True)
 def test_an_interrupted_soak_stops_its_worker_and_drops_its_database():
     prefix = f"{connection.settings_dict['NAME']}_soakint_"
@@ -151,6 +154,7 @@ def test_an_interrupted_soak_stops_its_worker_and_drops_its_database():
         os.kill(worker, 0)
 
 
+@pytest.mark.halved
 @pytest.mark.django_db(transaction=True)
 def test_the_console_benchmark_loads_every_page_and_search_form():
     name = f"{connection.settings_dict['NAME']}_console"
@@ -165,6 +169,7 @@ def test_the_console_benchmark_loads_every_page_and_search_form():
     assert "built the opt-in arguments index" in result.stdout
 
 
+@pytest.mark.halved
 @pytest.mark.django_db(transaction=True)
 def test_the_history_benchmark_prints_each_figure_on_a_small_and_a_large_history():
     name = f"{connection.settings_dict['NAME']}_history"

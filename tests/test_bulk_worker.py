@@ -98,6 +98,7 @@ def test_a_worker_retries_hundreds_of_failed_jobs_in_batches_with_progress_on_th
     assert admin_client.get(data_url).json()["changed"] == f"{n:,}"
 
 
+@pytest.mark.halved
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_killed_mid_way_and_another_goes_on_from_the_saved_position(
     admin_client: Client, workers: Workers
@@ -123,6 +124,7 @@ def test_a_worker_killed_mid_way_and_another_goes_on_from_the_saved_position(
     assert any(note.startswith("resumed after id ") for note in notes), notes
 
 
+@pytest.mark.halved
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_asked_to_stop_hands_its_bulk_operation_on_and_exits_within_a_slice(
     admin_client: Client, workers: Workers

@@ -130,6 +130,7 @@ def test_four_concurrent_schedulers_enqueue_each_tick_once(five: JobFunction[Any
     assert keys == Counter({f"cron:2026-01-01T01:{m:02}:00+00:00": 1 for m in range(5, 60, 5)})
 
 
+@pytest.mark.halved
 @pytest.mark.django_db(transaction=True)
 def test_four_workers_enqueue_a_per_second_cron_job_once_per_tick(workers: Workers) -> None:
     env = workers.env(AXA_TEST_CRON="1")
@@ -374,6 +375,7 @@ def test_a_locked_schedule_row_is_skipped_not_waited_for(per_second: JobFunction
     assert len(cron.schedule(at(2, 0, 10), names=names)) == 10
 
 
+@pytest.mark.halved
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_with_a_long_lease_enqueues_every_second_of_a_per_second_schedule(workers: Workers) -> None:
     # Housekeeping every LEASE_SECONDS / 3 = 10 s: the worker must still wake for each occurrence.

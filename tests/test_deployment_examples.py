@@ -433,6 +433,7 @@ def new_databases(*names: str) -> Iterator[None]:
                 conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+@pytest.mark.halved
 def test_the_queue_on_a_database_of_its_own(workers, monkeypatch):
     with page(QUEUE_SETTINGS, ROUTERS, MIGRATE_QUEUE, VIEWS) as opened:
         routers = opened.module(ROUTERS)

@@ -262,6 +262,7 @@ class _nothing:
 # -- chaos ----------------------------------------------------------------------------------
 
 
+@pytest.mark.halved
 @pytest.mark.slow
 def test_chaos_each_jobs_write_exists_exactly_once_whatever_is_killed(workers):
     """Workers SIGKILLed at random points: every job completes, its Effect written exactly once."""

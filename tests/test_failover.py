@@ -214,6 +214,7 @@ def stop_workers(ha: HA, procs: list[subprocess.Popen[str]]) -> None:
         assert proc.wait(timeout=60) == 0, ha.output(proc)[-3000:]
 
 
+@pytest.mark.halved
 def test_a_crash_of_the_server_mid_drain_strands_no_job(ha: HA, tmp_path: Path) -> None:
     total = 5000
     log = tmp_path / "runs.log"
@@ -229,6 +230,7 @@ def test_a_crash_of_the_server_mid_drain_strands_no_job(ha: HA, tmp_path: Path) 
     stop_workers(ha, procs)
 
 
+@pytest.mark.halved
 @pytest.mark.parametrize("sync", [True, False], ids=["synchronous", "asynchronous"])
 def test_a_failover_to_the_promoted_standby_strands_and_loses_no_job(ha: HA, tmp_path: Path, sync: bool) -> None:
     total, late = 3000, 200
@@ -260,6 +262,7 @@ def test_a_failover_to_the_promoted_standby_strands_and_loses_no_job(ha: HA, tmp
     stop_workers(ha, procs)
 
 
+@pytest.mark.halved
 def test_asynchronous_replication_loses_the_enqueues_and_reruns_the_outcomes_the_standby_lacked(
     ha: HA, tmp_path: Path
 ) -> None:
@@ -304,6 +307,7 @@ def read_only(cluster: clusters.Cluster, on: bool) -> None:
         conn.execute("SELECT pg_reload_conf()")
 
 
+@pytest.mark.halved
 def test_a_worker_on_a_read_only_server_says_so_waits_and_works_once_it_takes_writes(ha: HA, tmp_path: Path) -> None:
     total, late = 100, 4
     log = tmp_path / "runs.log"

@@ -57,6 +57,7 @@ def announcer(listener: psycopg.Connection, timeout: float = 15) -> int | None:
     return None
 
 
+@pytest.mark.halved
 def test_the_eldest_live_worker_announces_unannounced_rows_and_the_next_takes_over_when_it_dies(workers) -> None:
     # Rows of a queue nobody serves, written with no trigger: only the poller's look announces them.
     env = workers.env(AXA_TEST_LEASE="1.5")  # the dead poller's lease runs out sooner

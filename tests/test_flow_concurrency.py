@@ -118,6 +118,7 @@ def test_a_held_back_key_does_not_block_other_keys_behind_it(workers, tmp_path) 
     assert len(held) == 3 and proc.poll() is None
 
 
+@pytest.mark.halved
 def test_a_dead_workers_slot_comes_back_with_its_lease(workers, tmp_path) -> None:
     gate, log = tmp_path / "gate", tmp_path / "log"
     first = flow_jobs.wait_for_file.perform_later(str(gate), str(log))
@@ -215,6 +216,7 @@ def _fleet(workers, log: Path, count: int) -> float:
     return time.monotonic() - began
 
 
+@pytest.mark.halved
 def test_six_workers_hold_every_key_to_its_limit_and_run_every_job_once(workers, tmp_path) -> None:
     log = tmp_path / "log"
     flow_jobs.one_per_account.perform_later_many(

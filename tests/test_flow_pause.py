@@ -103,6 +103,7 @@ def test_manage_queues_refuses_a_bad_name(workers) -> None:
     assert done.returncode == 1 and "whitespace" in done.stderr
 
 
+@pytest.mark.halved
 def test_running_jobs_finish_no_new_claims_and_resume_wakes_an_idle_worker_at_once(workers, tmp_path) -> None:
     log = tmp_path / "log"
     running = flow_jobs.chore.perform_later("slow", str(log), seconds=1.0)

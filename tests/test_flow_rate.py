@@ -34,6 +34,7 @@ def most_in_a_window(times: list[float], period: float) -> int:
     return most
 
 
+@pytest.mark.halved
 def test_four_workers_never_start_more_than_n_per_window_and_wake_at_the_next_token(workers, tmp_path) -> None:
     log = tmp_path / "log"
     flow_jobs.five_per_second.perform_later_many(

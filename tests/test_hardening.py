@@ -186,6 +186,7 @@ def test_nul_in_a_result_or_an_error_is_written_and_later_outcomes_keep_flowing(
 # -- 1.4 a dead internal thread ends the worker ------------------------------------
 
 
+@pytest.mark.halved
 @pytest.mark.parametrize("thread", ["axa-finisher", "axa-listener", "axa-heartbeat", "MainThread"])
 def test_a_dead_worker_thread_ends_the_worker_with_exit_1(workers, thread):
     hostile_jobs.kill_thread.perform_later(thread)
@@ -235,6 +236,7 @@ def test_a_job_that_leaks_a_transaction_fails_and_the_next_job_runs_clean(worker
 # -- 1.6 crash loops ----------------------------------------------------------------
 
 
+@pytest.mark.halved
 @pytest.mark.parametrize("max_losses", [None, 1], ids=["default", "override"])
 def test_a_job_that_kills_its_worker_runs_max_losses_times_then_fails(workers, log_file, max_losses):
     # At the defaults: one attempt (MAX_ATTEMPTS) and three losses (MAX_LOSSES).
@@ -267,6 +269,7 @@ def test_a_job_that_kills_its_worker_runs_max_losses_times_then_fails(workers, l
 # -- 1.7 the heartbeat waits on nothing else -------------------------------------------
 
 
+@pytest.mark.halved
 def test_housekeeping_that_takes_three_leases_does_not_get_running_jobs_rescued(workers, log_file):
     job = jobs.slow.perform_later(3 * lease() + 3, log=log_file, token="long")
     stalled = workers.start("--concurrency", "2", env=workers.env(AXA_TEST_SLOW_HOUSEKEEPING="1"))
@@ -284,6 +287,7 @@ def test_housekeeping_that_takes_three_leases_does_not_get_running_jobs_rescued(
         assert proc.wait(timeout=60) == 0
 
 
+@pytest.mark.halved
 def test_a_long_graceful_shutdown_keeps_the_lease(workers, log_file):
     job = jobs.slow.perform_later(3 * lease(), log=log_file, token="long")
     proc = workers.start("--concurrency", "1")
@@ -435,6 +439,7 @@ def test_the_claim_takes_no_more_than_its_limit_under_forced_plans(forced):
     assert Job.objects.filter(status="running").count() == 3
 
 
+@pytest.mark.halved
 def test_a_queue_workers_claim_never_walks_other_queues():
     with connection.cursor() as cursor:
         cursor.execute(

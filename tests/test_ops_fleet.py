@@ -33,6 +33,7 @@ def hosts():
         f.down()
 
 
+@pytest.mark.halved
 def test_three_hosts_drain_once_and_a_cut_host_is_rescued_and_rejoins(hosts, capsys):
     f = hosts
     migrated = f.manage("migrate", "--noinput", "-v", "0")

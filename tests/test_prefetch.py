@@ -109,6 +109,7 @@ def test_a_stopping_worker_gives_back_the_rows_it_claimed_ahead_unstarted(worker
     assert len(counts) == 60 and set(counts.values()) == {1}
 
 
+@pytest.mark.halved
 def test_a_killed_worker_counts_a_loss_only_to_the_jobs_it_had_started(workers, log_file, tmp_path):
     proc, gate, ahead = hold_rows_behind_a_gate(workers, log_file, tmp_path)
     # The gate has run longer than the worker waits to record a start.

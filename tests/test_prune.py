@@ -279,6 +279,7 @@ def test_a_worker_prunes_until_caught_up_in_its_maintenance_thread() -> None:
         workers.close()
 
 
+@pytest.mark.halved
 @pytest.mark.django_db(transaction=True)
 def test_a_slow_prune_does_not_hold_up_the_claims() -> None:
     insert_rows(10, "completed", age="2 hours")

@@ -35,6 +35,7 @@ def stop(procs) -> None:
         assert proc.wait(timeout=30) == 0
 
 
+@pytest.mark.halved
 @pytest.mark.parametrize("queue_workers", [False, True], ids=["all-queues", "queue-workers"])
 def test_four_workers_run_at_most_the_limit_of_a_queue_and_the_rest_freely(workers, log_file, queue_workers) -> None:
     assert queues.limit("reports", 2, by="test") is None
@@ -78,6 +79,7 @@ def test_a_limit_set_raised_and_lifted_while_workers_run_takes_effect(workers, l
     assert queues.limits() == {}
 
 
+@pytest.mark.halved
 def test_a_dead_workers_jobs_give_the_queue_its_slots_back(workers, log_file) -> None:
     queues.limit("reports", 1)
     first = jobs.slow.using(queue="reports").perform_later(60, log=log_file, token="held")

@@ -90,6 +90,7 @@ def _run_worker(worker: Worker) -> threading.Thread:
     return thread
 
 
+@pytest.mark.halved
 def test_an_outcome_refused_in_every_form_is_not_run_again_and_again(settings: Any, monkeypatch: Any) -> None:
     settings.AXA_DJANGO = {"LEASE_SECONDS": 1.5}
     monkeypatch.setattr(watchman_module, "RECONCILE_SECONDS", 1.0)  # the minute's cadence, shortened

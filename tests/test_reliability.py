@@ -62,6 +62,7 @@ def count_where(**filters) -> int:
         return -1
 
 
+@pytest.mark.halved
 def test_a_killed_worker_runs_again_a_bounded_number_of_the_jobs_it_had_finished(workers, log_file):
     # Outcomes are written in batches: a worker killed runs again the jobs whose outcomes
     # were on their way. At 27,000 jobs/s the job threads outran the finisher and a kill
@@ -107,6 +108,7 @@ def test_a_killed_worker_runs_again_a_bounded_number_of_the_jobs_it_had_finished
     assert 0 < twice <= ran and max(counts.values()) == 2, (twice, ran)
 
 
+@pytest.mark.halved
 def test_one_failed_heartbeat_is_retried_within_the_lease(workers):
     # The heartbeat waited a whole interval after a failed beat: one beat held up for its
     # timeout (a lock, a slow server) left the worker's row a full lease old, so another
@@ -134,6 +136,7 @@ def test_one_failed_heartbeat_is_retried_within_the_lease(workers):
     assert proc.wait(timeout=60) == 0
 
 
+@pytest.mark.halved
 def test_the_heartbeat_keeps_its_cadence_while_housekeeping_is_held_up(workers):
     # Each beat waited an interval after the housekeeping that follows it: housekeeping
     # held up for its 60% of an interval made beats 1.6 intervals apart, the lease's
@@ -174,6 +177,7 @@ def test_the_heartbeat_keeps_its_cadence_while_housekeeping_is_held_up(workers):
     assert proc.wait(timeout=60) == 0
 
 
+@pytest.mark.halved
 def test_a_killed_workers_job_runs_again_elsewhere_within_two_leases(workers, log_file):
     # At the defaults (one attempt): a lost worker does not spend it.
     job = jobs.slow.perform_later(60, log=log_file, token="long")
@@ -196,6 +200,7 @@ def test_a_killed_workers_job_runs_again_elsewhere_within_two_leases(workers, lo
     assert str(second.pid) in lines(log_file)[1]
 
 
+@pytest.mark.halved
 def test_a_frozen_workers_job_runs_again_at_the_defaults_and_its_late_outcome_is_refused(workers, log_file):
     # SIGSTOP: a VM paused past the lease. One attempt (the default) is not spent by the loss.
     job = jobs.slow.perform_later(1.0, log=log_file, token="frozen")
@@ -220,6 +225,7 @@ def test_a_frozen_workers_job_runs_again_at_the_defaults_and_its_late_outcome_is
     assert "not written: their jobs were rescued or changed meanwhile" in frozen.stdout.read()
 
 
+@pytest.mark.halved
 def test_a_job_running_three_leases_with_its_worker_alive_runs_once(workers, log_file):
     job = jobs.slow.perform_later(3 * lease(), log=log_file, token="long")
     procs = [workers.start("--concurrency", "1"), workers.start("--concurrency", "1")]
@@ -294,6 +300,7 @@ def test_a_second_signal_gives_running_jobs_back_at_once_and_exits_non_zero(work
     assert row.errors[-1]["type"] == "Interrupted"
 
 
+@pytest.mark.halved
 def test_the_grace_period_running_out_requeues_and_exits_non_zero(workers, log_file):
     job = jobs.slow.perform_later(60, log=log_file, token="x")
     done = jobs.add.perform_later(1)
@@ -305,6 +312,7 @@ def test_the_grace_period_running_out_requeues_and_exits_non_zero(workers, log_f
     assert fresh(job).status == "queued"
 
 
+@pytest.mark.halved
 def test_a_dead_workers_row_is_removed_and_a_live_one_kept(workers):
     proc = workers.start("--concurrency", "1")
     from axa_django.models import Worker as WorkerRow
@@ -319,6 +327,7 @@ def test_a_dead_workers_row_is_removed_and_a_live_one_kept(workers):
     assert WorkerRow.objects.filter(pid=live.pid).exists()
 
 
+@pytest.mark.halved
 def test_workers_ride_out_a_postgres_restart_mid_drain(workers, log_file):
     total = 5000
     jobs.trace.perform_later_many([{"token": str(i), "log": log_file, "seconds": 0.002} for i in range(total)])
@@ -368,6 +377,7 @@ def test_a_worker_whose_connection_drops_as_it_starts_retries_and_starts(workers
     assert "cannot read the applied migrations" in output and "retrying" in output, output
 
 
+@pytest.mark.halved
 def test_chaos_kill_a_random_worker_every_second(workers, log_file):
     total, concurrency = 5000, "4"
     # Every kill costs the jobs in flight an attempt; give them plenty.
@@ -419,6 +429,7 @@ def test_an_outcome_reached_while_postgres_is_down_is_written_when_it_returns(wo
     assert "reconnecting" in output or "cannot write" in output
 
 
+@pytest.mark.halved
 def test_a_rescue_stuck_on_a_lock_does_not_cost_its_worker_the_lease(workers, log_file):
     # The rescue and its kin run on the heartbeat's thread after a beat: one that waits on a
     # lock is cut at what is left of the interval, never holding back the next beat.

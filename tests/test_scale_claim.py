@@ -124,6 +124,7 @@ def held():
         holder.rollback()
 
 
+@pytest.mark.halved
 def test_under_a_held_snapshot_the_claims_walk_does_not_grow(held):
     with connect("default", "test claimer") as conn:
         conn.autocommit = True
@@ -316,6 +317,7 @@ def test_the_claims_keep_their_plan_whatever_the_statistics(state):
         assert "axa_queue_ready" in "\n".join(row[0] for row in cursor.fetchall())
 
 
+@pytest.mark.halved
 def test_the_claims_keep_their_plan_on_every_small_table():
     """Small tables are where plans tie: a worker caches its generic plan there, then the queue grows."""
     wrong = []

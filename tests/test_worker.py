@@ -195,6 +195,7 @@ def test_three_worker_processes_run_2000_jobs_each_exactly_once(workers, log_fil
     assert Job.objects.filter(status="completed", attempts=1).count() == 2000
 
 
+@pytest.mark.halved
 def test_eight_workers_booting_together_all_start_and_exit_cleanly(workers):
     jobs.add.perform_later_many([{"a": i} for i in range(50)])
     procs = [workers.start("--burst", "--concurrency", "1") for _ in range(8)]
@@ -246,6 +247,7 @@ def test_runworker_rejects_bad_options(workers, args, message):
     assert message in result.stderr
 
 
+@pytest.mark.halved
 def test_runworker_on_an_unmigrated_database_says_to_migrate(workers):
     with connection.cursor() as cursor:
         cursor.execute("CREATE DATABASE axa_unmigrated")

@@ -54,6 +54,7 @@ def work(marker: str) -> str:
 """
 
 
+@pytest.mark.halved
 def test_a_changed_job_module_restarts_the_worker_which_runs_the_new_code(workers, tmp_path):
     app = tmp_path / "reloadapp"
     app.mkdir()

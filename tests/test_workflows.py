@@ -191,6 +191,7 @@ def test_cancelling_a_waiting_job_cancels_its_descendants():
     assert statuses([a, b, c, d]) == ["queued", "cancelled", "cancelled", "queued"]
 
 
+@pytest.mark.halved
 def test_killed_parents_are_rescued_their_children_wait_and_run_once_or_are_cancelled(workers, log_file):
     # One SIGKILL, two parents: one at the defaults (rescued, run again, then its
     # children run once), one allowed no loss (failed by the rescue, its child cancelled).

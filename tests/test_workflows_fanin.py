@@ -20,6 +20,7 @@ def start_pool(workers, n: int = 3, threads: int = 4) -> None:
         workers.start("--concurrency", str(threads))
 
 
+@pytest.mark.halved
 def test_ten_thousand_children_fan_out_and_the_fan_in_runs_once_after_the_last(workers, log_file):
     root = wj.noop.perform_later(0)
     started = time.perf_counter()
@@ -52,6 +53,7 @@ def test_ten_thousand_children_fan_out_and_the_fan_in_runs_once_after_the_last(w
     )
 
 
+@pytest.mark.halved
 def test_last_parents_ending_together_on_different_workers_release_each_child_exactly_once(workers, log_file):
     # Twelve parents per child, all sleeping until the same instant, on three workers of
     # four threads: the last ones end in concurrent transactions (the race that loses or
@@ -85,6 +87,7 @@ def test_last_parents_ending_together_on_different_workers_release_each_child_ex
     print("\nworkers per round, seconds between first and last parent end:", spread)
 
 
+@pytest.mark.halved
 def test_fan_ins_enqueued_while_workers_finish_their_parents_run_once_after_all(workers, log_file):
     # The usual order in real code: the rows are already running when the fan-in is
     # enqueued. Its enqueue locks the parents in id order and the finishers lock theirs
