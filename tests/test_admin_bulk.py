@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -380,3 +381,22 @@ def test_the_pause_between_batches_is_at_least_twice_as_long_as_the_batch_took(
     monkeypatch.setattr(bulkjob.time, "sleep", sleep)
     assert run(op).status == "done" and op.changed == 3
     assert 0.05 not in slept and sum(1 for seconds in slept if seconds >= 2 * 0.3) >= 2, slept
+
+
+def test_the_pause_after_a_batch_never_runs_past_the_slices_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Paced at twice a 0.6 s batch, the pause ran 1.2 s past a 1 s slice (found in review):
+    # a worker asked to stop waits for the slice.
+    monkeypatch.setattr(bulkjob, "SLICE_SECONDS", 1.0)
+    runner = bulkjob.Runner(0, None)
+    batches: list[float] = []
+
+    def batch(jobs: Any, held: bool = False) -> tuple[str, float]:
+        batches.append(time.monotonic())
+        time.sleep(0.6)
+        return bulkjob.MORE, 0.001
+
+    monkeypatch.setattr(runner, "batch", batch)
+    began = time.monotonic()
+    assert runner.walk(None) == bulkjob.SLICED  # type: ignore[arg-type]
+    took = time.monotonic() - began
+    assert len(batches) == 1 and 1.0 <= took < 1.0 + 0.3, (batches, took)

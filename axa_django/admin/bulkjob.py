@@ -326,8 +326,14 @@ class Runner:
                 return SLICED
             if pause:
                 # Never shorter than PACE times the batch (500 ms alone was half a batch of 1,000
-                # retries at 10,000,000 jobs, and a worker draining beside it ran at 0.69x its speed).
-                time.sleep(max(pause, PACE * (time.monotonic() - began)))
+                # retries at 10,000,000 jobs, and a worker draining beside it ran at 0.69x its speed),
+                # but never past the slice's end: a worker asked to stop waits for the slice.
+                now = time.monotonic()
+                wait = max(pause, PACE * (now - began))
+                if now + wait >= ends:
+                    time.sleep(max(ends - now, 0.0))
+                    return SLICED
+                time.sleep(wait)
 
     def batch(self, jobs: QuerySet[Any], held: bool = False) -> tuple[str, float]:
         """One batch in one transaction; ``held``: only the next row, not acted on but kept to try at the end."""
