@@ -12,7 +12,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect, JsonResponse
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, reverse
 from django.utils.decorators import method_decorator
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
@@ -25,6 +25,7 @@ from . import bulk, pauses, periodic, queuepage, workerpage
 from .actions import breadcrumbs, cancellable, job_id
 from .display import (
     JobPermissions,
+    LivePage,
     error_line,
     format_duration,
     format_time,
@@ -295,30 +296,11 @@ class FailedJobAdmin(JobAdmin):
 
 
 @admin.register(QueueDashboard)
-class QueueDashboardAdmin(admin.ModelAdmin):
+class QueueDashboardAdmin(LivePage, admin.ModelAdmin):  # type: ignore[type-arg]
     """The dashboard: counts by status, the oldest ready job, throughput per hour, live workers, unhandled names."""
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.has_perm("axa_django.view_job") or request.user.has_perm("axa_django.change_job")
-
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return self.has_view_permission(request)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def get_urls(self) -> list[URLPattern]:
-        info = f"{self.opts.app_label}_{self.opts.model_name}"
-        return [
-            path("", self.admin_site.admin_view(self.changelist_view), name=f"{info}_changelist"),
-            path("data/", self.admin_site.admin_view(self.data_view), name=f"{info}_data"),
-        ]
 
     @method_decorator(never_cache)
     def data_view(self, request: HttpRequest) -> HttpResponse:

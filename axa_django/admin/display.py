@@ -169,11 +169,15 @@ class LivePage:
     def get_urls(self) -> list[URLPattern]:
         info = f"{self.opts.app_label}_{self.opts.model_name}"  # type: ignore[attr-defined]
         wrap = self.admin_site.admin_view  # type: ignore[attr-defined]
-        return [
+        urls = [
             path("", wrap(self.changelist_view), name=f"{info}_changelist"),  # type: ignore[attr-defined]
             path("data/", wrap(self.data_view), name=f"{info}_data"),  # type: ignore[attr-defined]
-            path(f"{self.post_path}/", wrap(self.post_view), name=f"{info}_{self.post_path}"),  # type: ignore[attr-defined]
         ]
+        if self.post_path:
+            urls.append(
+                path(f"{self.post_path}/", wrap(self.post_view), name=f"{info}_{self.post_path}")  # type: ignore[attr-defined]
+            )
+        return urls
 
     def _url(self, name: str) -> str:
         opts, site = self.opts, self.admin_site  # type: ignore[attr-defined]
