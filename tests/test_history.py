@@ -307,3 +307,31 @@ def test_a_retry_moves_failed_rows_back_as_one_set_keeping_every_other_value() -
         }
         assert {k: v for k, v in new.items() if k not in reset} == {k: v for k, v in old.items() if k not in reset}
     assert Job.objects.get(pk=ids[0]).args["a"]["deep"] == [[[[0]]]]
+
+
+def test_a_retry_carries_over_rows_no_orm_would_write() -> None:
+    # Written by SQL: args nested 10,000 deep, a 5,000-digit number, run_at 'infinity', a name
+    # and a key that look like SQL and format strings; failed in the history, then retried.
+    deep = "[" * 10_000 + "1" + "]" * 10_000
+    name = "x'); DROP TABLE axa_queue; -- %(id)s {0} %s"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO axa_queue (id, name, args, unique_key, run_at, status, attempts, finished_at) "
+            "VALUES (gen_random_uuid(), %s, jsonb_build_object('deep', %s::jsonb, 'n', %s::numeric), %s, "
+            "'infinity', 'queued', 1, NULL) RETURNING id",
+            [name, deep, "9" * 5_000, name],
+        )
+        job_id = cursor.fetchone()[0]
+        cursor.execute("UPDATE axa_queue SET status = 'failed', finished_at = now() WHERE id = %s", [job_id])
+        cursor.execute("SELECT args::text FROM axa_queue WHERE id = %s", [job_id])
+        args = cursor.fetchone()[0]
+    assert where().get("axa_history") == 1
+    assert int(Job.objects.filter(pk=job_id).retry()) == 1
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT tableoid::regclass::text, status, name, unique_key, args::text, run_at FROM axa_queue WHERE id = %s",
+            [job_id],
+        )
+        table, status, kept_name, key, kept_args, run_at = cursor.fetchone()
+    assert (table, status, kept_name, key, kept_args) == ("axa_queue", "queued", name, name, args)
+    assert run_at is not None  # a retry runs it now, whatever its run_at was
