@@ -90,6 +90,7 @@ ORDER = [
     "worker.claimer",
     "worker.jobs",
     "worker.finisher",
+    "worker.pacing",
     "worker.lookout",
     "worker.watchman",
     "worker.heartbeat",

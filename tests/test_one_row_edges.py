@@ -315,12 +315,13 @@ def rescue_rounds(rounds: int, budget: float, done: Callable[[], bool] | None = 
     """The watchman's rescue as the heartbeat thread runs it: each round under its deadline ``until``,
     by one watchman (it remembers what was refused). With ``done``: rounds until it holds, at most
     ``rounds``; the rounds run."""
-    watchman = Watchman(SimpleNamespace(lease=30.0, stale_minutes=60))
+    watchman = Watchman(SimpleNamespace(lease=30.0, stale_minutes=60, housekeeping_interval=10.0))
     conn = connect("default", "review heartbeat")
     try:
         for ran in range(rounds):
             if done is not None and done():
                 return ran
+            watchman._sweep.next = 0.0  # each round is a beat a housekeeping interval after the last
             until = time.monotonic() + budget
             watchman.rescue(functools.partial(Heartbeat._run, None, conn, until))  # type: ignore[arg-type]
         return rounds

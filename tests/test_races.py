@@ -182,6 +182,12 @@ def _rescue(actor: Actor, s: Subject) -> int:
     return len(actor.worker_conn.execute(sql.RESCUE, params).fetchall())
 
 
+def _rescue_dead(actor: Actor, s: Subject) -> int:
+    # The rescue between sweeps (worker/watchman.py): the rows of workers whose lease ran out.
+    params = {"lease": float(conf.get("LEASE_SECONDS")), "max_losses": int(conf.get("MAX_LOSSES"))}
+    return len(actor.worker_conn.execute(sql.RESCUE_DEAD, params).fetchall())
+
+
 def _reconcile(actor: Actor, s: Subject) -> int:
     # As the watchman runs it for a worker that no longer holds the row (a crash lost its
     # outcome): nothing held, no grace, so this row is the one it takes.
@@ -273,6 +279,7 @@ MOVES = {
         Move("FINISH failed", _finish(lambda s: raised(s.claimed, s.function, s.worker), "failed"), "worker"),
         Move("FINISH retry", _finish(lambda s: raised(s.claimed, s.function, s.worker), "queued"), "worker"),
         Move("RESCUE", _rescue, "worker"),
+        Move("RESCUE_DEAD", _rescue_dead, "worker"),
         Move("RECONCILE", _reconcile, "worker"),
         Move("HEARTBEAT", _heartbeat, "worker"),
         Move("RELEASE", _release, "worker"),
@@ -405,8 +412,29 @@ PAIRS = [
     ("failed",          "update",        "retry",           W, 1, "queued@queue",         1, "queued@queue"),
     ("failed in place", "retry",         "retry_selected",  W, 0, "queued@queue",         1, "queued@queue"),
     ("failed in place", "job.delete",    "retry",           W, 0, "gone",                 1, "queued@queue"),
+    # A heartbeat that revives a worker taken for dead: the rescue waits on its row and takes
+    # nothing once it commits; the row stays with its worker, which runs it.
+    ("dead",            "HEARTBEAT",     "RESCUE",          W, 0, "running@queue",        1, "queued@queue"),
+    ("dead",            "RESCUE",        "HEARTBEAT",       W, 0, "queued@queue",         0, "running@queue"),
+    # The rescue between sweeps takes only rows of workers whose lease ran out.
+    ("running",         "FINISH ok",     "RESCUE_DEAD",     C, 0, "completed@history",    0, "running@queue"),
+    ("stale gone",      "FINISH ok",     "RESCUE_DEAD",     C, 0, "completed@history",    0, "running@queue"),
+    ("seed stale",      "seed FINISH",   "RESCUE_DEAD",     C, 0, "completed@history",    0, "running@queue"),
 ]
 # fmt: on
+
+
+def _as_rescue_dead(table: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The rows of ``table`` where the sweep (RESCUE) meets a dead worker's row, with RESCUE_DEAD instead:
+    for those rows it does what the sweep does."""
+    return [
+        tuple("RESCUE_DEAD" if cell == "RESCUE" else cell for cell in row)
+        for row in table
+        if row[0] in ("dead", "dead+spent") and "RESCUE" in row[1:3]
+    ]
+
+
+PAIRS += _as_rescue_dead(PAIRS)
 
 
 def _pairs(table: list[tuple[Any, ...]] = PAIRS) -> Iterator[Any]:
@@ -466,6 +494,8 @@ MOVERS = [
     ("failed",          "retry"),          # -> queued, moved back to axa_queue by the retry
     ("failed in place", "retry"),          # -> queued, in place
     ("queued",          "job.delete"),     # -> gone
+    ("dead",            "RESCUE_DEAD"),    # -> queued, in place
+    ("dead+spent",      "RESCUE_DEAD"),    # -> failed, moved by axa_history_keep
 ]
 # fmt: on
 # Each meets: (B, whether B waits on A's lock).
@@ -791,6 +821,7 @@ LOST = [
     ("dead+spent",      "RESCUE",        "FINISH lost",     W, 0, "failed@history",       1, "failed@history"),
 ]
 # fmt: on
+LOST += _as_rescue_dead(LOST)
 
 
 @pytest.mark.parametrize(("state", "a", "b", "waits", "commit", "expected"), list(_pairs(LOST)))

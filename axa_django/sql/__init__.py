@@ -231,6 +231,20 @@ WHERE q.id = lost.id
 RETURNING q.id, q.status
 """
 
+# The rescue at most beats: only the rows of workers whose lease ran out, found by their ids
+# through axa_queue_running (a walk of those workers' entries alone). RESCUE also walks the
+# whole index for rows whose worker is gone (unregistered with its jobs still running, or
+# passed over locked when its worker was taken for dead) and stale seed rows; under a held
+# snapshot that walk reads every row the queue ran since, so the watchman paces it
+# (worker/pacing.py) and runs this in between.
+_ANY_WORKER = """(
+        (q.worker_id IS NOT NULL AND (
+            q.worker_id IN (SELECT id FROM dead)
+            OR NOT EXISTS (SELECT 1 FROM axa_worker w WHERE w.id = q.worker_id)))
+        OR (q.worker_id IS NULL AND q.started_at < now() - make_interval(mins => %(stale)s)))"""
+assert RESCUE.count(_ANY_WORKER) == 1, "RESCUE changed shape"
+RESCUE_DEAD = RESCUE.replace(_ANY_WORKER, "(q.worker_id = ANY(ARRAY(SELECT id FROM dead)))")
+
 # Rows running under this worker that it no longer holds: a crash or a failover lost what
 # the worker wrote of them (an outcome, a release; sent without waiting for the flush)
 # while their claim survived, and the rescue, which takes dead workers' rows, would leave

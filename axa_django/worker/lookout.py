@@ -21,6 +21,7 @@ import psycopg
 from .. import sql
 from .lanes import FULL_SCAN, Lanes, literal
 from .options import Options
+from .pacing import Pace
 
 logger = logging.getLogger("axa_django")
 # Seconds since the epoch of 0001-01-01 and 10000-01-01 UTC: the times Python can hold.
@@ -38,7 +39,8 @@ class Lookout:
         self.options, self.lanes, self.rouse = options, lanes, rouse
         # A look covers the floors until the next one is due, with one missed look to spare.
         self.valid = 2 * max(FULL_SCAN, interval)
-        self._next = 0.0
+        self._interval = interval
+        self._pace = Pace(FULL_SCAN, first=0.0)
         self._statements: dict[tuple[tuple[str, ...], tuple[int, ...]], str] = {}
 
     def due(self) -> bool:
@@ -48,13 +50,13 @@ class Lookout:
         return (
             any(floor is not None for floor in self.lanes.shown[2])
             and self.lanes.full_scan >= FULL_SCAN
-            and time.monotonic() >= self._next
+            and self._pace.due()
         )
 
     def look(self, conn: psycopg.Connection[Any], timeout: str) -> None:
         """Look once, in a transaction of its own on ``conn`` under ``timeout`` (statement_timeout); tell the lanes."""
         started = time.monotonic()
-        self._next = started + FULL_SCAN
+        self._pace.ran(started, 0.0)  # a look that fails waits FULL_SCAN too
         names, lanes, floors = self.lanes.shown
         key = (names, lanes)
         statement = self._statements.get(key)
@@ -66,6 +68,10 @@ class Lookout:
             cursor.execute("SELECT set_config('statement_timeout', %s, true)", [timeout])
             cursor.execute(statement, {"floors": literal(floors)})
             row = cursor.fetchone()
+        # A slow look (a held snapshot's dead entries) is spaced out, and covers the floors
+        # until the one after the next: the claims never walk in full on its behalf.
+        self._pace.ran(started, time.monotonic() - started)
+        self.valid = 2 * max(self._pace.gap(), self._interval)
         seconds = row[0] if row else None
         when = None
         if seconds is not None:

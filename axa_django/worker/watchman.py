@@ -5,7 +5,9 @@ the look for unhandled jobs the queued rows'): after minutes of a held snapshot 
 jobs/s they took 0.1 s every ``LEASE_SECONDS / 3`` and 0.5-0.9 s every minute, on the
 dispatcher, which claimed nothing meanwhile (the held soak's p99). A worker runs them on
 its heartbeat's thread and connection, after a beat; a ``--burst`` worker, which may be
-gone before its first beat, runs them on the dispatcher between claims.
+gone before its first beat, runs them on the dispatcher between claims. Those that walk an
+index range whole are paced (pacing.py): a held snapshot spaces them out instead of letting
+their cost grow with the hold; the rescue of workers whose lease ran out never waits.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ..sql import refused
 from .connection import opened
 from .ledger import Ledger
 from .options import Options
+from .pacing import Pace
 
 logger = logging.getLogger("axa_django")
 
@@ -54,9 +57,14 @@ class Watchman:
     def __init__(self, options: Options, worker_id: uuid.UUID | None = None, ledger: Ledger | None = None) -> None:
         self.options, self.worker_id, self.ledger = options, worker_id, ledger
         self._last_rescue = -float("inf")
+        # The rescue's sweep (RESCUE: rows of gone workers, stale seed rows) and the never-due
+        # check run at every rescue while they are cheap; sql.RESCUE_DEAD at the others.
+        self._sweep = Pace(options.housekeeping_interval)
+        self._never_due = Pace(options.housekeeping_interval)
         # The first look waits a lease: workers started together have all registered by then.
-        self._next_unhandled = time.monotonic() + options.lease
+        self._unhandled = Pace(unhandled.CHECK_SECONDS, first=time.monotonic() + options.lease)
         self._next_reconcile = time.monotonic() + RECONCILE_SECONDS
+        self._reconcile_pace = Pace(RECONCILE_SECONDS)  # its gap: the minute, or more after a slow round
         self._opened = opened()  # connections opened when last reconciled
         self._reconcile_rounds = 0  # reconciles still due after a reconnect
         # Rows the database refused to write even in place: passed over, each said once.
@@ -80,10 +88,15 @@ class Watchman:
         grace = max(RECONCILE_GRACE, self.options.housekeeping_interval)
         params = {"worker": self.worker_id, "held": self.ledger.owned(), "grace": grace}
         # Counted as run even when cut short: under a held snapshot its walk grows with every
-        # job this worker ran, and retried at every beat it would eat the rescue's time.
+        # job this worker ran, and retried at every beat it would eat the rescue's time. For
+        # that walk, the minute's round is paced (pacing.py); the rounds after a reconnect are not.
         self._reconcile_rounds -= 1
         self._next_reconcile = now + RECONCILE_SECONDS
-        rows = self._isolated(run, sql.RECONCILE, refused.RECONCILE_IDS, refused.RECONCILE_ONE, params, "reconcile")
+        pace = self._reconcile_pace
+        rows = self._isolated(
+            run, sql.RECONCILE, refused.RECONCILE_IDS, refused.RECONCILE_ONE, params, "reconcile", pace
+        )
+        self._next_reconcile = now + pace.gap()
         if rows:
             logger.warning(
                 "queued %d job(s) again that were running under this worker but no longer held by it: the "
@@ -95,7 +108,10 @@ class Watchman:
         """Queue again the rows of workers whose lease ran out (and fail rows that can never run)."""
         options = self.options
         params = {"lease": options.lease, "stale": options.stale_minutes, "max_losses": int(conf.get("MAX_LOSSES"))}
-        rows = self._isolated(run, sql.RESCUE, refused.RESCUE_LOST, refused.RESCUE_ONE, params, "rescue of job")
+        sweep = self._sweep.due()
+        # A refusal falls back to the sweep's one-row forms: RESCUE's rows include RESCUE_DEAD's.
+        statement, pace = (sql.RESCUE, self._sweep) if sweep else (sql.RESCUE_DEAD, None)
+        rows = self._isolated(run, statement, refused.RESCUE_LOST, refused.RESCUE_ONE, params, "rescue of job", pace)
         if rows:
             failed = sum(1 for _, status in rows if status == "failed")
             logger.warning(
@@ -103,11 +119,18 @@ class Watchman:
                 len(rows) - failed,
                 f"; {failed} more had lost their worker max_losses times and failed" if failed else "",
             )
-        rows = self._isolated(
-            run, sql.FAIL_NEVER_DUE, refused.NEVER_DUE_IDS, refused.FAIL_NEVER_DUE_ONE, {}, "never-due job"
-        )
-        if rows:
-            logger.warning("failed %d job(s) whose run_at was 'infinity' or after year 9999", len(rows))
+        if self._never_due.due():
+            rows = self._isolated(
+                run,
+                sql.FAIL_NEVER_DUE,
+                refused.NEVER_DUE_IDS,
+                refused.FAIL_NEVER_DUE_ONE,
+                {},
+                "never-due job",
+                self._never_due,
+            )
+            if rows:
+                logger.warning("failed %d job(s) whose run_at was 'infinity' or after year 9999", len(rows))
         # Children of parents ended outside a finisher; a child whose move is refused is cancelled in place.
         try:
             run(dependencies.SWEEP, {}, refusable=True)
@@ -116,18 +139,30 @@ class Watchman:
             run(dependencies.SWEEP, {}, in_place=True)
 
     def _isolated(
-        self, run: Run, statement: str, candidates: str, one: str, params: dict[str, Any], what: str
+        self,
+        run: Run,
+        statement: str,
+        candidates: str,
+        one: str,
+        params: dict[str, Any],
+        what: str,
+        pace: Pace | None = None,
     ) -> list[tuple[Any, ...]] | None:
         """Run ``statement``; if the database refuses it for one row's sake, write its rows one at a time.
 
         One row a user's foreign key or trigger refuses then fails alone, finished in place
         if it must (sql/refused.py); before, it failed the whole rescue for every dead
-        worker's job, at every round.
+        worker's job, at every round. ``pace`` is told how long the statement took (its
+        walk), not the rows written one at a time after a refusal: those are progress.
         """
+        started = time.monotonic()
         try:
             return run(statement, params, refusable=True)
         except refused.Refused as error:
             logger.error("the %s statement was refused (%s); writing its rows one at a time", what, error)
+        finally:
+            if pace is not None:
+                pace.ran(started, time.monotonic() - started)
         ids = run(candidates, {**params, "skip": list(self._refused)})
         if not ids:
             return None
@@ -158,6 +193,7 @@ class Watchman:
             self._last_rescue = now
             self.rescue(run)
         self.reconcile(run)
-        if now >= self._next_unhandled:
-            self._next_unhandled = now + unhandled.CHECK_SECONDS
+        if self._unhandled.due():
+            started = time.monotonic()
             unhandled.look(run, worker=self.worker_id, lease=self.options.lease)
+            self._unhandled.ran(started, time.monotonic() - started)

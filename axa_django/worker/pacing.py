@@ -1,0 +1,38 @@
+"""Housekeeping that has grown slow runs less often: each look takes at most ``SHARE`` of the time.
+
+The rescue's sweep, the never-due check, the reconcile, the look for unhandled jobs and the
+look behind the floors read index ranges whole. While a snapshot is held, every row the
+queue ran since it was taken leaves a dead entry there that each of them visits: after five
+minutes at 1,000 jobs/s they took 0.1-0.2 s a call, growing with the hold, until their
+PostgreSQL time doubled the fleet's (benchmarks/results/pg15-soak-held-statements.txt).
+A pace keeps each one's cadence while it is cheap and, once it is not, spaces its runs so
+that it costs the server at most ``SHARE`` of one core, however long the hold lasts.
+"""
+
+from __future__ import annotations
+
+import time
+
+# The most of one core's time a paced look may take: a look of 2 s runs every 800 s.
+SHARE = 1 / 400
+
+
+class Pace:
+    """When a paced look is due: every ``every`` seconds, or ``elapsed / SHARE`` after a slow one started."""
+
+    def __init__(self, every: float, first: float | None = None) -> None:
+        self.every = every
+        self.next = time.monotonic() if first is None else first
+        self.last = 0.0  # seconds the last run took
+
+    def due(self, now: float | None = None) -> bool:
+        return (time.monotonic() if now is None else now) >= self.next
+
+    def gap(self) -> float:
+        """Seconds from one run's start to the next's, as the last run's length sets it."""
+        return max(self.every, self.last / SHARE)
+
+    def ran(self, started: float, elapsed: float) -> None:
+        """A run began at ``started`` (monotonic) and took ``elapsed`` seconds."""
+        self.last = elapsed
+        self.next = started + self.gap()
