@@ -23,7 +23,7 @@ import pytest
 from axa_django import sql
 from axa_django.worker import connect
 from axa_django.worker.heartbeat import Heartbeat
-from axa_django.worker.pacing import SHARE, Pace
+from axa_django.worker.pacing import LONGEST, SHARE, Pace
 from axa_django.worker.watchman import Watchman
 from tests.conftest import AXA_APPS
 
@@ -43,6 +43,8 @@ def test_a_pace_keeps_its_cadence_while_cheap_and_spaces_a_slow_look() -> None:
     assert not pace.due(10.0 + 2.0 / SHARE - 1) and pace.due(10.0 + 2.0 / SHARE)
     pace.ran(1000.0, 0.001)  # cheap again: back to its cadence
     assert pace.next == 1010.0
+    pace.ran(2000.0, 30.0)  # a lock waited on, or a hold of days: never more than LONGEST
+    assert pace.next == 2000.0 + LONGEST
 
 
 @pytest.fixture

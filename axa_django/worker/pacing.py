@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import time
 
-# The most of one core's time a paced look may take: a look of 2 s runs every 800 s.
+# The most of one core's time a paced look may take: a look of 1 s runs every 400 s.
 SHARE = 1 / 400
+# The longest a paced look waits, however long the last took: its time may have been a
+# lock waited on, not work, and what it does (a gone worker's rows, a lost outcome) must
+# still happen. Past 1.5 s a look, a hold longer than hours, SHARE no longer holds.
+LONGEST = 600.0
 
 
 class Pace:
-    """When a paced look is due: every ``every`` seconds, or ``elapsed / SHARE`` after a slow one started."""
+    """When a paced look is due: every ``every`` seconds, or ``elapsed / SHARE`` (at most LONGEST) after a slow one."""
 
     def __init__(self, every: float, first: float | None = None) -> None:
         self.every = every
@@ -30,7 +34,7 @@ class Pace:
 
     def gap(self) -> float:
         """Seconds from one run's start to the next's, as the last run's length sets it."""
-        return max(self.every, self.last / SHARE)
+        return max(self.every, min(self.last / SHARE, LONGEST))
 
     def ran(self, started: float, elapsed: float) -> None:
         """A run began at ``started`` (monotonic) and took ``elapsed`` seconds."""
