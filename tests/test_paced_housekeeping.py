@@ -38,9 +38,9 @@ def test_a_pace_keeps_its_cadence_while_cheap_and_spaces_a_slow_look() -> None:
     assert pace.due(0.0)
     pace.ran(0.0, 0.002)  # 2 ms: cheap, the cadence holds
     assert (pace.next, pace.due(9.9), pace.due(10.0)) == (10.0, False, True)
-    pace.ran(10.0, 2.0)  # 2 s: at most SHARE of the time
-    assert pace.next == pytest.approx(10.0 + 2.0 / SHARE)
-    assert not pace.due(10.0 + 2.0 / SHARE - 1) and pace.due(10.0 + 2.0 / SHARE)
+    pace.ran(10.0, 1.0)  # 1 s: at most SHARE of the time
+    assert pace.next == pytest.approx(10.0 + 1.0 / SHARE)
+    assert not pace.due(10.0 + 1.0 / SHARE - 1) and pace.due(10.0 + 1.0 / SHARE)
     pace.ran(1000.0, 0.001)  # cheap again: back to its cadence
     assert pace.next == 1010.0
     pace.ran(2000.0, 30.0)  # a lock waited on, or a hold of days: never more than LONGEST
