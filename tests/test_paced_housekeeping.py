@@ -11,6 +11,7 @@ real: rows run and finished behind a REPEATABLE READ transaction on another conn
 from __future__ import annotations
 
 import functools
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,9 +24,12 @@ import pytest
 from axa_django import sql
 from axa_django.worker import connect
 from axa_django.worker.heartbeat import Heartbeat
+from axa_django.worker.lanes import FULL_SCAN
+from axa_django.worker.lookout import Lookout
 from axa_django.worker.pacing import LONGEST, SHARE, Pace
 from axa_django.worker.watchman import Watchman
 from tests.conftest import AXA_APPS
+from tests.test_scale_claim import NAME, Claimer, enqueue
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
@@ -192,3 +196,52 @@ def test_the_reconcile_of_the_minute_is_paced_and_the_rounds_after_a_reconnect_a
         watchman._reconcile_rounds = 2  # a reconnect: its rounds run at once, paced or not
         watchman.reconcile(run)
         assert ran == ["RECONCILE", "RECONCILE"]
+
+
+def test_the_rescue_and_a_cheap_sweep_run_at_every_beat_whatever_each_beat_took() -> None:
+    """24 beats an interval apart (from each beat's start, as Heartbeat.loop spaces them), each
+    followed by watch(): a rescue at every one, and a cheap sweep at every one. Timed from its
+    own start, a watch after a beat quicker than the one before skipped a whole interval (review:
+    19-22 rescues in 24 beats)."""
+    interval = 0.5
+    options = SimpleNamespace(lease=3 * interval, stale_minutes=60, housekeeping_interval=interval)
+    watchman = Watchman(options)  # type: ignore[arg-type]
+    pause = threading.Event()
+    with connect("default", "test heartbeat") as conn:
+        conn.autocommit = True
+        ran: list[str] = []
+        run = recorded(conn, ran)
+        rescues: list[str] = []
+        due = time.monotonic()
+        for beat in range(24):
+            pause.wait(max(0.0, due - time.monotonic()))
+            began = time.monotonic()
+            # The beat itself, of varying length.
+            conn.execute("SELECT pg_sleep(%s)", [0.02 * (beat % 3)]).fetchone()
+            due = began + interval
+            ran.clear()
+            cheap = watchman._sweep.gap() == interval
+            watchman.watch(run)
+            rescue = [name for name in ran if name in ("RESCUE", "RESCUE_DEAD")]
+            rescues += rescue
+            assert not (cheap and rescue == ["RESCUE_DEAD"]), f"beat {beat}: the cheap sweep was not due"
+    assert len(rescues) == 24, rescues
+
+
+def test_a_look_behind_the_floors_covers_them_until_the_next_look_and_one_more() -> None:
+    with connect("default", "test claimer") as conn, connect("default", "test heartbeat") as beat:
+        conn.autocommit = True
+        enqueue(conn, 3)
+        claimer = Claimer(conn, [NAME])
+        claimer.finish(claimer.claim(limit=100))
+        claimer.settle()
+        assert claimer.claim(limit=100) == []  # idle: the floors shown
+        lookout = Lookout(SimpleNamespace(backends=[], queues=None), claimer.lanes, interval=10.0)  # type: ignore[arg-type]
+        assert lookout.due()
+        lookout.look(beat, "10s")
+        # Cheap: as before the pace, a minute (the next look in 30 s, and one missed).
+        assert (lookout._pace.gap(), lookout.valid) == (FULL_SCAN, 2 * FULL_SCAN)
+        assert not lookout.due()
+        # However slow a look was, the floors are trusted at most LONGEST and one look more.
+        lookout._pace.ran(0.0, 3600.0)
+        assert lookout._pace.gap() + max(FULL_SCAN, 10.0) == LONGEST + FULL_SCAN

@@ -69,9 +69,11 @@ class Lookout:
             cursor.execute(statement, {"floors": literal(floors)})
             row = cursor.fetchone()
         # A slow look (a held snapshot's dead entries) is spaced out, and covers the floors
-        # until the one after the next: the claims never walk in full on its behalf.
+        # until the next, with one missed look to spare (a failed look is tried again a
+        # FULL_SCAN later): the claims do not walk in full on its behalf, nor trust their
+        # floors more than LONGEST and a look past it (review: twice the gap, 20 minutes).
         self._pace.ran(started, time.monotonic() - started)
-        self.valid = 2 * max(self._pace.gap(), self._interval)
+        self.valid = self._pace.gap() + max(FULL_SCAN, self._interval)
         seconds = row[0] if row else None
         when = None
         if seconds is not None:

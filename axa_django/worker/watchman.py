@@ -59,8 +59,9 @@ class Watchman:
         self._last_rescue = -float("inf")
         # The rescue's sweep (RESCUE: rows of gone workers, stale seed rows) and the never-due
         # check run at every rescue while they are cheap; sql.RESCUE_DEAD at the others.
-        self._sweep = Pace(options.housekeeping_interval)
-        self._never_due = Pace(options.housekeeping_interval)
+        slack = options.housekeeping_interval / 2
+        self._sweep = Pace(options.housekeeping_interval, slack=slack)
+        self._never_due = Pace(options.housekeeping_interval, slack=slack)
         # The first look waits a lease: workers started together have all registered by then.
         self._unhandled = Pace(unhandled.CHECK_SECONDS, first=time.monotonic() + options.lease)
         self._next_reconcile = time.monotonic() + RECONCILE_SECONDS
@@ -187,9 +188,11 @@ class Watchman:
 
         ``following``: another worker polls for the fleet, and rescues at every interval.
         """
-        now = time.monotonic()
+        now, interval = time.monotonic(), self.options.housekeeping_interval
         # From the last rescue: a worker that becomes the poller rescues at its next interval.
-        if now >= self._last_rescue + self.options.housekeeping_interval * (RESCUE_FOLLOWING if following else 1):
+        # Half an interval early at most: called after each beat, a beat quicker than the one
+        # before it found the interval not quite over and skipped a whole one (review).
+        if now + interval / 2 >= self._last_rescue + interval * (RESCUE_FOLLOWING if following else 1):
             self._last_rescue = now
             self.rescue(run)
         self.reconcile(run)
