@@ -164,7 +164,8 @@ class Heartbeat:
 
         The rescue queued those rows again for any worker: running them here too ran each
         twice (a restart under three workers: 1,086 jobs). Rows claimed since are given back
-        here; if this transaction fails, we stay unregistered and the next rescue takes them.
+        here; if this transaction fails, we stay unregistered and the rescue's next sweep takes them
+        (at most pacing.LONGEST later while a held snapshot paces it).
         """
         # A stopping worker's row may be gone by its own hand (the shutdown's last step, met
         # by this beat): registered again, it looked live for a lease after the process had
