@@ -151,6 +151,15 @@ def past(conn: psycopg.Connection, count: int, name: str = NAME, priority: int =
     return [row[0] for row in rows]
 
 
+def drained(conn: psycopg.Connection, count: int = 5) -> Claimer:
+    """A claimer that claimed and finished ``count`` ready rows, its floors settled past them."""
+    enqueue(conn, count)
+    claimer = Claimer(conn, [NAME])
+    claimer.finish(claimer.claim(limit=100))  # priority 0 is a lane; 1 to count are a gap
+    claimer.settle()
+    return claimer
+
+
 @pytest.mark.parametrize("priority", [0, 10], ids=["same priority", "a priority of their own"])
 def test_ready_rows_of_names_this_worker_does_not_serve_are_read_once_not_at_every_claim(priority: int) -> None:
     # A --job worker, or rows of a job name no worker runs any more: the walk passes them,
@@ -209,10 +218,7 @@ def test_one_look_finds_the_oldest_row_behind_a_gaps_floor_whatever_its_priority
     # priorities waited a look (30 s) each, and that row held locked hid them (review).
     with connect("default", "test claimer") as conn, connect("default", "heartbeat") as beat:
         conn.autocommit = True
-        enqueue(conn, 5)
-        claimer = Claimer(conn, [NAME])
-        claimer.finish(claimer.claim(limit=100))  # priority 0 is a lane; 1 to 5 are a gap
-        claimer.settle()
+        claimer = drained(conn)
         assert claimer.claim(limit=100) == []  # an idle poll: the floors swept to the cap
         # Behind every floor, unannounced (this claimer hears no notification): the oldest
         # at priority 1, the newest at priority 5, the gap's best.
@@ -234,10 +240,7 @@ def test_a_row_whose_insert_wrote_late_after_its_statement_began_is_not_left_beh
     # written: the cap does not hold the floors below it, the sweep's lag does.
     with connect("default", "test claimer") as conn, connect("default", "writer") as writer:
         conn.autocommit = writer.autocommit = True
-        enqueue(conn, 5)
-        claimer = Claimer(conn, [NAME])
-        claimer.finish(claimer.claim(limit=100))
-        claimer.settle()
+        claimer = drained(conn)
         done = threading.Event()
 
         def slow_insert() -> None:
@@ -287,10 +290,7 @@ def test_rows_of_a_transaction_running_at_a_claim_that_found_nothing_are_claimed
     monkeypatch.setattr(lanes, "SWEPT_LAG", datetime.timedelta(0))  # the cap alone must hold the floors back
     with connect("default", "test claimer") as conn, connect("default", "writer") as writer:
         conn.autocommit, writer.autocommit = True, False
-        enqueue(conn, 5)
-        claimer = Claimer(conn, [NAME])
-        claimer.finish(claimer.claim(limit=100))
-        claimer.settle()
+        claimer = drained(conn)
         (written,) = writer.execute(
             "INSERT INTO axa_queue (id, name, args) SELECT gen_random_uuid(), %s, '{}' FROM generate_series(1, 3) "
             "RETURNING run_at",

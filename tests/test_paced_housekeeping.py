@@ -29,7 +29,7 @@ from axa_django.worker.lookout import Lookout
 from axa_django.worker.pacing import LONGEST, SHARE, Pace
 from axa_django.worker.watchman import Watchman
 from tests.conftest import AXA_APPS
-from tests.test_scale_claim import NAME, Claimer, enqueue
+from tests.test_claim_walk import drained
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
@@ -231,10 +231,7 @@ def test_the_rescue_and_a_cheap_sweep_run_at_every_beat_whatever_each_beat_took(
 def test_a_look_behind_the_floors_covers_them_until_the_next_look_and_one_more() -> None:
     with connect("default", "test claimer") as conn, connect("default", "test heartbeat") as beat:
         conn.autocommit = True
-        enqueue(conn, 3)
-        claimer = Claimer(conn, [NAME])
-        claimer.finish(claimer.claim(limit=100))
-        claimer.settle()
+        claimer = drained(conn, 3)
         assert claimer.claim(limit=100) == []  # idle: the floors shown
         lookout = Lookout(SimpleNamespace(backends=[], queues=None), claimer.lanes, interval=10.0)  # type: ignore[arg-type]
         assert lookout.due()
