@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
 
-from benchmarks.measure import Sample, wait_until  # noqa: E402
+from benchmarks.measure import Sample, local_ports, process_cpu, wait_until  # noqa: E402
 from benchmarks.run import base_url, connect, migrated_database, server_info  # noqa: E402
 
 NAMES = 1000  # registered in every worker of every shape
@@ -96,6 +96,12 @@ class Watch(threading.Thread):
                 self.stop.wait(0.02)
 
 
+def server_processes(pg_pid: int) -> dict[int, float]:
+    """CPU seconds of each of the server's processes (the postmaster's children)."""
+    children = [int(pid) for pid in Path(f"/proc/{pg_pid}/task/{pg_pid}/children").read_text().split()]
+    return {pid: cpu for pid in children if (cpu := process_cpu(pid)) is not None}
+
+
 def drain(
     url: str, worker_args: list[str] | list[list[str]], processes: int, pg_pid: int, insert: str | None
 ) -> dict[str, float]:
@@ -103,7 +109,8 @@ def drain(
     the workers' CPU and the server's, the jobs completed, lock waits per sample and the most
     connections seen. ``insert`` None: burst workers on the rows written, CPU over their whole run
     (start-ups included); else workers started on the empty table, and once all have registered,
-    the rows written by ``insert``: CPU from its commit to the last job's end (then the workers stop)."""
+    the rows written by ``insert``: CPU from its commit to the last job's end (then the workers stop),
+    and their own backends' CPU apart (``backends_cpu``)."""
     env = dict(os.environ, DATABASE_URL=url, PYTHONPATH=str(ROOT), BENCH_SPREAD_NAMES=str(NAMES))
     env["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
     # One argument list for every process, or one list each (--per-queue).
@@ -121,6 +128,9 @@ def drain(
             total = conn.execute("SELECT count(*) FROM axa_queue").fetchone()[0]
     pids = [proc.pid for proc in procs]
     before = Sample(pids if insert is not None else [], pg_pid)
+    # Every server process's CPU now: the workers' own backends are picked out at the end
+    # (by their sockets), apart from autovacuum, the checkpointer and the WAL writer.
+    server_before = server_processes(pg_pid) if insert is not None else {}
     children = os.times().children_user + os.times().children_system
     watch.start()
     if insert is not None:
@@ -128,6 +138,12 @@ def drain(
             done = "SELECT count(*) FROM axa_history"
             wait_until(lambda: conn.execute(done).fetchone()[0] >= total, 1800, "every job", step=0.02)
         after = Sample(pids, pg_pid)
+        with connect(url) as conn:
+            ports = sorted(local_ports(pids))
+            found = conn.execute("SELECT pid FROM pg_stat_activity WHERE client_port = ANY(%s)", [ports])
+            mine = [pid for (pid,) in found]
+        # None over a Unix socket (no port names the workers' backends).
+        backends = sum((process_cpu(pid) or 0.0) - server_before.get(pid, 0.0) for pid in mine) if mine else None
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
     failed = [(proc.wait(), proc.stderr.read() if proc.stderr else "") for proc in procs]
@@ -153,6 +169,7 @@ def drain(
         if insert is not None
         else os.times().children_user + os.times().children_system - children,
         "pg_cpu": after.pg - before.pg,
+        "backends_cpu": backends if insert is not None else None,
         "completed": completed,
         "lock_waits": watch.lock_waits / max(watch.samples, 1),
         "connections": watch.most_connections,
@@ -186,7 +203,7 @@ def main() -> None:
     pg_pid = args.pg_pid or info["pg_pid"]
     print(f"server: PostgreSQL {info['version']}, {info['connection']}; runworker {args.worker_args}")
     print("shape                processes    jobs     jobs/s   worker ms/job   PostgreSQL ms/job", end="")
-    print("   lock waits   connections")
+    print("   lock waits   connections   backends ms/job")
     for _ in range(args.rounds):
         for shape in args.shapes.split(","):
             counts = [int(n) for n in args.processes.split(",")]
@@ -203,7 +220,8 @@ def main() -> None:
                 print(
                     f"{label:<20} {processes:>9} {done:>7} {done / run['elapsed']:>10.0f} "
                     f"{run['worker_cpu'] / done * 1000:>15.4f} {run['pg_cpu'] / done * 1000:>19.4f} "
-                    f"{run['lock_waits']:>12.2f} {run['connections']:>13}",
+                    f"{run['lock_waits']:>12.2f} {run['connections']:>13}"
+                    + (f" {run['backends_cpu'] / done * 1000:>17.4f}" if run["backends_cpu"] is not None else ""),
                     flush=True,
                 )
     with connect(base) as conn:

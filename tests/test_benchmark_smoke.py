@@ -213,6 +213,7 @@ def test_the_spread_benchmark_drains_each_shape_with_its_processes_once_each():
     env.pop("DJANGO_SETTINGS_MODULE", None)
     command = [sys.executable, "benchmarks/spread.py", "--jobs", "200", "--rounds", "1", "--db", database]
     command += ["--shapes", "names:20x10", "--processes", "2"]  # the other shapes differ in their INSERT only
+    command += ["--start-first", "--worker-args", "--concurrency 1"]  # started on the empty table, then the rows
     result = _run_then_drop(command, env, database)
     # Its own check passed: every row completed, none run twice.
     assert result.returncode == 0, result.stdout + result.stderr
