@@ -231,7 +231,7 @@ WHERE q.id = lost.id
 RETURNING q.id, q.status
 """
 
-# The rescue at most beats: only the rows of workers whose lease ran out, found by their ids
+# The rescue at the beats between sweeps: only the rows of workers whose lease ran out, by their ids
 # through axa_queue_running (a walk of those workers' entries alone). RESCUE also walks the
 # whole index for rows whose worker is gone (unregistered with its jobs still running, or
 # passed over locked when its worker was taken for dead) and stale seed rows; under a held
