@@ -348,6 +348,30 @@ def test_the_last_attempts_end_written_to_the_second_follows_its_start(admin_cli
     assert rows[3][0] == full_time(T0 + datetime.timedelta(seconds=30))  # shown as written
 
 
+def test_an_earlier_attempts_end_written_to_the_second_follows_the_enqueue(admin_client: Client) -> None:
+    # The first attempt ended in the second it was enqueued in: cut to the second, its end read
+    # as before the enqueue (a quick worker in the browser test: CI, 2026-12-07).
+    created = T0 + datetime.timedelta(milliseconds=600)
+    started = T0 + datetime.timedelta(seconds=1, milliseconds=200)
+    job = Job.objects.create(
+        name="tests.testapp.jobs.add",
+        args={},
+        status="completed",
+        attempts=2,
+        errors=[{"attempt": 1, "at": f"{T0:%Y-%m-%dT%H:%M:%SZ}", "worker": None,
+                 "type": "builtins.ValueError", "message": "flaky", "traceback": ""}],
+    )  # fmt: skip
+    Job.objects.filter(pk=job.pk).update(
+        created_at=created,
+        run_at=T0 + datetime.timedelta(milliseconds=900),
+        started_at=started,
+        finished_at=started + datetime.timedelta(milliseconds=90),
+    )
+    rows = timeline_rows(page(admin_client, job))
+    assert [row[2] for row in rows] == ["Enqueued", "Attempt 1 ended", "Ready again", "Started attempt 2", "Completed"]
+    assert rows[1][0] == full_time(T0)  # shown as written
+
+
 def test_with_use_tz_false_the_timeline_reads_each_time_in_time_zone(admin_client: Client) -> None:
     parents = wj.noop.perform_later_many([{"i": 1}, {"i": 2}])
     child = wj.noop.using(after=parents).perform_later(0)

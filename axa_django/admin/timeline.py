@@ -192,6 +192,8 @@ def build(job: Job, now: datetime.datetime, parents: Parents, using: str) -> Tim
         at = _parse_time(entry.get("at"))
         # Cut to the second, the latest attempt's end may read as before its start, which it follows.
         order = started + SECOND / 1e6 if started and at and at < started and _of_latest(job, entry, started) else None
+        if order is None and at is not None and created is not None and created - SECOND < at < created:
+            order = created + SECOND / 1e6  # an attempt ended in the second it was enqueued in
         worker = _uuid(entry.get("worker")) if entry.get("worker") else None
         kind = str(entry.get("type") or "error").rpartition(".")[2]
         lines = str(entry.get("message") or "").strip().splitlines()
