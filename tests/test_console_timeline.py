@@ -330,19 +330,21 @@ def test_a_running_job_shows_its_claim_and_how_long_it_has_run(admin_client: Cli
     assert not Dependency.objects.exists()
 
 
+def ended_once(status: str, attempts: int, at: datetime.datetime, *, created: Any, run_at: Any, started: Any) -> Job:
+    """A job whose attempt 1 ended at ``at``, written to the second as a worker writes it; its last attempt
+    started at ``started`` and ended 90 ms later with ``status``."""
+    errors = [{"attempt": 1, "at": f"{at:%Y-%m-%dT%H:%M:%SZ}", "worker": None, "type": "builtins.ValueError",
+               "message": "late", "traceback": ""}]  # fmt: skip
+    job = Job.objects.create(name="tests.testapp.jobs.add", args={}, status=status, attempts=attempts, errors=errors)
+    Job.objects.filter(pk=job.pk).update(
+        created_at=created, run_at=run_at, started_at=started, finished_at=started + datetime.timedelta(milliseconds=90)
+    )
+    return job
+
+
 def test_the_last_attempts_end_written_to_the_second_follows_its_start(admin_client: Client) -> None:
     started = T0 + datetime.timedelta(seconds=30, milliseconds=700)
-    job = Job.objects.create(
-        name="tests.testapp.jobs.add",
-        args={},
-        status="failed",
-        attempts=1,
-        errors=[{"attempt": 1, "at": f"{T0 + datetime.timedelta(seconds=30):%Y-%m-%dT%H:%M:%SZ}", "worker": None,
-                 "type": "builtins.ValueError", "message": "late", "traceback": ""}],
-    )  # fmt: skip
-    Job.objects.filter(pk=job.pk).update(
-        created_at=T0, run_at=T0, started_at=started, finished_at=started + datetime.timedelta(milliseconds=90)
-    )
+    job = ended_once("failed", 1, T0 + datetime.timedelta(seconds=30), created=T0, run_at=T0, started=started)
     rows = timeline_rows(page(admin_client, job))
     assert [row[2] for row in rows] == ["Enqueued", "Became ready", "Started attempt 1", "Attempt 1 ended", "Failed"]
     assert rows[3][0] == full_time(T0 + datetime.timedelta(seconds=30))  # shown as written
@@ -353,20 +355,8 @@ def test_an_earlier_attempts_end_written_to_the_second_follows_the_enqueue(admin
     # as before the enqueue (a quick worker in the browser test: CI, 2026-12-07).
     created = T0 + datetime.timedelta(milliseconds=600)
     started = T0 + datetime.timedelta(seconds=1, milliseconds=200)
-    job = Job.objects.create(
-        name="tests.testapp.jobs.add",
-        args={},
-        status="completed",
-        attempts=2,
-        errors=[{"attempt": 1, "at": f"{T0:%Y-%m-%dT%H:%M:%SZ}", "worker": None,
-                 "type": "builtins.ValueError", "message": "flaky", "traceback": ""}],
-    )  # fmt: skip
-    Job.objects.filter(pk=job.pk).update(
-        created_at=created,
-        run_at=T0 + datetime.timedelta(milliseconds=900),
-        started_at=started,
-        finished_at=started + datetime.timedelta(milliseconds=90),
-    )
+    run_at = T0 + datetime.timedelta(milliseconds=900)
+    job = ended_once("completed", 2, T0, created=created, run_at=run_at, started=started)
     rows = timeline_rows(page(admin_client, job))
     assert [row[2] for row in rows] == ["Enqueued", "Attempt 1 ended", "Ready again", "Started attempt 2", "Completed"]
     assert rows[1][0] == full_time(T0)  # shown as written
