@@ -57,6 +57,9 @@ def held() -> Iterator[psycopg.Connection[Any]]:
     taken before them: their entries in axa_queue_running are dead and can be neither removed
     nor marked as such. Yields the connection holding the snapshot."""
     hold = connect("default", "test snapshot holder")
+    # A worker connection's idle-in-transaction limit is half a lease; a slow machine's test
+    # outlived it and the hold was cut.
+    hold.execute("SET idle_in_transaction_session_timeout = 0")
     hold.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
     hold.execute("SELECT count(*) FROM axa_worker").fetchone()  # the snapshot is taken here
     live = uuid.uuid4()
