@@ -22,6 +22,8 @@ ROWS = [
     ("latency", "p95_ms", "pickup latency p95", "ms", False),
     ("latency", "p99_ms", "pickup latency p99", "ms", False),
     ("latency", "max_ms", "pickup latency, slowest of a round", "ms", False),
+    ("latency", "max_enqueue_ms", "  of it, its enqueue call (the commit)", "ms", False),
+    ("latency", "max_after_enqueue_ms", "  slowest pickup after the enqueue returned", "ms", False),
 ]
 WORKERS = {
     "axa": "runworker (defaults: --concurrency 4, NOTIFY wake-up)",

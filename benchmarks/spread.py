@@ -25,6 +25,7 @@ line is one drain:
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import shlex
 import signal
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -76,12 +78,16 @@ def fill(url: str, shape: str, jobs: int, now: bool = True) -> int:
 
 
 class Watch(threading.Thread):
-    """Samples the server every 20 ms while the drain runs: backends waiting on a lock, and connections."""
+    """Samples the server every 20 ms while the drain runs: backends waiting on a lock, and connections.
+
+    For each wait it also keeps who waited on whom (the two connections' application names,
+    their statements' first words and the wait event): ``waits_on`` counts those pairs."""
 
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
         self.url, self.stop = url, threading.Event()
         self.samples = self.lock_waits = self.most_connections = 0
+        self.waits_on: collections.Counter[str] = collections.Counter()
 
     def run(self) -> None:
         with connect(self.url) as conn:
@@ -93,7 +99,21 @@ class Watch(threading.Thread):
                 self.samples += 1
                 self.lock_waits += waiting
                 self.most_connections = max(self.most_connections, connections)
+                if waiting:
+                    for (pair,) in conn.execute(WAITS_ON):
+                        self.waits_on[pair] += 1
                 self.stop.wait(0.02)
+
+
+# Each backend waiting on a lock, with what holds it: "waiter (event) <- blocker".
+WAITS_ON = """
+SELECT w.application_name || ' ' || left(regexp_replace(w.query, '\\s+', ' ', 'g'), 60)
+    || ' (' || w.wait_event || ') <- ' || coalesce(b.application_name || ' ' || b.state || ' '
+    || left(regexp_replace(b.query, '\\s+', ' ', 'g'), 60), '?')
+FROM pg_stat_activity w
+LEFT JOIN pg_stat_activity b ON b.pid = (pg_blocking_pids(w.pid))[1]
+WHERE w.wait_event_type = 'Lock' AND w.datname = current_database()
+"""
 
 
 def server_processes(pg_pid: int) -> dict[int, float]:
@@ -103,8 +123,13 @@ def server_processes(pg_pid: int) -> dict[int, float]:
 
 
 def drain(
-    url: str, worker_args: list[str] | list[list[str]], processes: int, pg_pid: int, insert: str | None
-) -> dict[str, float]:
+    url: str,
+    worker_args: list[str] | list[list[str]],
+    processes: int,
+    pg_pid: int,
+    insert: str | None,
+    statements: int = 0,
+) -> dict[str, Any]:
     """``processes`` workers on the rows: seconds from the first job's start to the last one's end,
     the workers' CPU and the server's, the jobs completed, lock waits per sample and the most
     connections seen. ``insert`` None: burst workers on the rows written, CPU over their whole run
@@ -117,6 +142,9 @@ def drain(
     each = worker_args if worker_args and isinstance(worker_args[0], list) else [worker_args] * processes
     commands = [[sys.executable, "-m", "django", "runworker", *own] for own in each]
     watch = Watch(url)
+    if statements:
+        with connect(url) as conn:
+            conn.execute("SELECT pg_stat_statements_reset()")
     procs = [subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True) for command in commands]
     processes = len(procs)
     if insert is not None:
@@ -161,6 +189,7 @@ def drain(
         ).fetchone()
         (left,) = conn.execute("SELECT count(*) FROM axa_queue WHERE status <> 'completed'").fetchone()
         (twice,) = conn.execute("SELECT count(*) FROM axa_history WHERE attempts <> 1").fetchone()
+        top = conn.execute(TOP_STATEMENTS, [statements]).fetchall() if statements else []
     if left or twice:
         raise SystemExit(f"{left} job(s) not completed, {twice} run more than once")
     return {
@@ -173,7 +202,19 @@ def drain(
         "completed": completed,
         "lock_waits": watch.lock_waits / max(watch.samples, 1),
         "connections": watch.most_connections,
+        "waits_on": watch.waits_on,
+        "statements": top,
     }
+
+
+# The statements that took the server's time over a drain (--statements; the extension
+# must be loaded and created in the database): calls, ms a call, buffers a call.
+TOP_STATEMENTS = """
+SELECT calls, total_exec_time / calls, (shared_blks_hit + shared_blks_read) / calls,
+    left(regexp_replace(query, '\\s+', ' ', 'g'), 90)
+FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+ORDER BY total_exec_time DESC LIMIT %s
+"""
 
 
 def main() -> None:
@@ -196,10 +237,20 @@ def main() -> None:
     )
     parser.add_argument("--pg-pid", type=int, default=0, help="the server's postmaster pid, for its CPU")
     parser.add_argument("--db", default="axa_bench_spread")
+    parser.add_argument(
+        "--statements",
+        type=int,
+        default=0,
+        help="after each drain, the N statements that took the server's time (pg_stat_statements loaded)",
+    )
+    parser.add_argument("--waits", type=int, default=0, help="after each drain, the N commonest lock waits")
     args = parser.parse_args()
     base = base_url()
     url = migrated_database(base, args.db)
     info = server_info(url)
+    if args.statements:
+        with connect(url) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
     pg_pid = args.pg_pid or info["pg_pid"]
     print(f"server: PostgreSQL {info['version']}, {info['connection']}; runworker {args.worker_args}")
     print("shape                processes    jobs     jobs/s   worker ms/job   PostgreSQL ms/job", end="")
@@ -214,7 +265,7 @@ def main() -> None:
                 worker_args: list[str] | list[list[str]] = shlex.split(args.worker_args)
                 if per_queue:
                     worker_args = [[*shlex.split(args.worker_args), "--new-queue", f"q{n}"] for n in range(processes)]
-                run = drain(url, worker_args, processes, pg_pid, insert)
+                run = drain(url, worker_args, processes, pg_pid, insert, args.statements)
                 done = run["completed"]
                 label = f"{shape} per queue" if per_queue else shape
                 print(
@@ -224,6 +275,10 @@ def main() -> None:
                     + (f" {run['backends_cpu'] / done * 1000:>17.4f}" if run["backends_cpu"] is not None else ""),
                     flush=True,
                 )
+                for calls, ms, buffers, query in run["statements"]:
+                    print(f"    {calls:>8} calls {ms:>8.3f} ms {buffers:>8.0f} buffers  {query}")
+                for pair, count in run["waits_on"].most_common(args.waits):
+                    print(f"    {count:>6} waits  {pair}")
     with connect(base) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{args.db}" WITH (FORCE)')
 

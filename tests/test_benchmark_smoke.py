@@ -35,6 +35,10 @@ def test_the_benchmark_runs_and_counts_every_job_once(tmp_path):
     for phase in ("drain1", "latency", "drain names:3"):
         assert runs[phase][0]["duplicates"] == 0 and runs[phase][0]["missing"] == 0, runs[phase]
     assert runs["drain1"][0]["per_s"] > 0 and runs["latency"][0]["p99_ms"] > 0
+    latency = runs["latency"][0]
+    # The slowest pickup told apart: its enqueue call is a part of it, never more.
+    assert 0 < latency["max_enqueue_ms"] < latency["max_ms"], latency
+    assert 0 < latency["max_after_enqueue_ms"] <= latency["max_ms"], latency
     assert "duplicates 0, missing 0" in result.stdout
     assert re.search(r"axa +names:3 jobs/s [\d.]+x", result.stdout), result.stdout
 

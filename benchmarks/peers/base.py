@@ -75,13 +75,19 @@ class Tool:
         """Write ready jobs, untimed (setup for the drain)."""
         self.enqueue_bulk(ids)
 
+    # Each paced id's time.time() once its enqueue call returned (committed): a pickup's
+    # delay is the enqueue's own (the server's commit) plus what the worker took after it.
+    returned: dict[int, float]
+
     def enqueue_paced(self, ids: list[int], gap: float) -> dict[int, float]:
         """Enqueue one job every ``gap`` s; return each id's time.time() just before its enqueue call."""
         sent: dict[int, float] = {}
+        self.returned = {}
         next_at = time.monotonic()
         for i in ids:
             sent[i] = time.time()
             self.enqueue(i)
+            self.returned[i] = time.time()
             next_at += gap
             pause = next_at - time.monotonic()
             if pause > 0:

@@ -97,10 +97,12 @@ class Peer(Tool):
     def enqueue_paced(self, ids: list[int], gap: float) -> dict[int, float]:
         async def run() -> dict[int, float]:
             sent: dict[int, float] = {}
+            self.returned = {}
             next_at = time.monotonic()
             for i in ids:
                 sent[i] = time.time()
                 await self.queries.enqueue(ENTRYPOINT, str(i).encode())
+                self.returned[i] = time.time()
                 next_at += gap
                 pause = next_at - time.monotonic()
                 if pause > 0:
