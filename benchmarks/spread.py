@@ -12,8 +12,8 @@ the same 1,000 registered names (BENCH_SPREAD_NAMES) whatever the shape, and sam
 PostgreSQL server's CPU (its processes' user + system time) over the drain, the backends
 waiting on a lock (mean per 20 ms sample) and the most connections. --processes starts
 that many workers on each drain. With --start-first (and --worker-args without --burst)
-the workers start on the empty table and the rows are written once all have registered:
-the CPU figures then leave the start-ups out. Rounds run the shapes interleaved; each
+the workers start on the empty table and the rows are written once all have registered
+and beaten once (a running fleet): the CPU figures then leave the start-ups out. Rounds run the shapes interleaved; each
 line is one drain:
 
 - ``names:NxR``: N names of R jobs each, priority 0, the default queue;
@@ -88,6 +88,7 @@ class Watch(threading.Thread):
         self.url, self.stop = url, threading.Event()
         self.samples = self.lock_waits = self.most_connections = 0
         self.waits_on: collections.Counter[str] = collections.Counter()
+        self.events: collections.Counter[str] = collections.Counter()  # what active backends waited on
 
     def run(self) -> None:
         with connect(self.url) as conn:
@@ -102,9 +103,15 @@ class Watch(threading.Thread):
                 if waiting:
                     for (pair,) in conn.execute(WAITS_ON):
                         self.waits_on[pair] += 1
+                for event, count in conn.execute(EVENTS):
+                    self.events[event] += count
                 self.stop.wait(0.02)
 
 
+EVENTS = """
+SELECT coalesce(wait_event_type || ':' || wait_event, 'on CPU'), count(*) FROM pg_stat_activity
+WHERE state = 'active' AND datname = current_database() AND pid <> pg_backend_pid() GROUP BY 1
+"""
 # Each backend waiting on a lock, with what holds it: "waiter (event) <- blocker".
 WAITS_ON = """
 SELECT w.application_name || ' ' || left(regexp_replace(w.query, '\\s+', ' ', 'g'), 60)
@@ -129,14 +136,15 @@ def drain(
     pg_pid: int,
     insert: str | None,
     statements: int = 0,
+    root: Path = ROOT,
 ) -> dict[str, Any]:
     """``processes`` workers on the rows: seconds from the first job's start to the last one's end,
     the workers' CPU and the server's, the jobs completed, lock waits per sample and the most
     connections seen. ``insert`` None: burst workers on the rows written, CPU over their whole run
-    (start-ups included); else workers started on the empty table, and once all have registered,
+    (start-ups included); else workers started on the empty table, and once all have registered and beaten,
     the rows written by ``insert``: CPU from its commit to the last job's end (then the workers stop),
     and their own backends' CPU apart (``backends_cpu``)."""
-    env = dict(os.environ, DATABASE_URL=url, PYTHONPATH=str(ROOT), BENCH_SPREAD_NAMES=str(NAMES))
+    env = dict(os.environ, DATABASE_URL=url, PYTHONPATH=str(root), BENCH_SPREAD_NAMES=str(NAMES))
     env["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
     # One argument list for every process, or one list each (--per-queue).
     each = worker_args if worker_args and isinstance(worker_args[0], list) else [worker_args] * processes
@@ -145,13 +153,13 @@ def drain(
     if statements:
         with connect(url) as conn:
             conn.execute("SELECT pg_stat_statements_reset()")
-    procs = [subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True) for command in commands]
+    procs = [subprocess.Popen(command, cwd=root, env=env, stderr=subprocess.PIPE, text=True) for command in commands]
     processes = len(procs)
     if insert is not None:
         with connect(url) as conn:
-            wait_until(
-                lambda: conn.execute("SELECT count(*) FROM axa_worker").fetchone()[0] >= processes, 120, "registered"
-            )
+            # Registered and beaten once each: a running fleet, each worker knowing its size.
+            beaten = "SELECT count(*) FROM axa_worker WHERE heartbeat_at > started_at"
+            wait_until(lambda: conn.execute(beaten).fetchone()[0] >= processes, 120, "a beat of every worker")
             conn.execute(insert)
             total = conn.execute("SELECT count(*) FROM axa_queue").fetchone()[0]
     pids = [proc.pid for proc in procs]
@@ -203,14 +211,15 @@ def drain(
         "lock_waits": watch.lock_waits / max(watch.samples, 1),
         "connections": watch.most_connections,
         "waits_on": watch.waits_on,
+        "events": {event: count / max(watch.samples, 1) for event, count in watch.events.most_common(6)},
         "statements": top,
     }
 
 
 # The statements that took the server's time over a drain (--statements; the extension
-# must be loaded and created in the database): calls, ms a call, buffers a call.
+# must be loaded and created in the database): calls, ms, buffers and rows a call.
 TOP_STATEMENTS = """
-SELECT calls, total_exec_time / calls, (shared_blks_hit + shared_blks_read) / calls,
+SELECT calls, total_exec_time / calls, (shared_blks_hit + shared_blks_read) / calls, rows / calls,
     left(regexp_replace(query, '\\s+', ' ', 'g'), 90)
 FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
 ORDER BY total_exec_time DESC LIMIT %s
@@ -243,6 +252,12 @@ def main() -> None:
         default=0,
         help="after each drain, the N statements that took the server's time (pg_stat_statements loaded)",
     )
+    parser.add_argument(
+        "--worker-root",
+        type=Path,
+        default=ROOT,
+        help="run the workers from this checkout (an A/B of the worker's code under the same harness)",
+    )
     parser.add_argument("--waits", type=int, default=0, help="after each drain, the N commonest lock waits")
     args = parser.parse_args()
     base = base_url()
@@ -265,7 +280,7 @@ def main() -> None:
                 worker_args: list[str] | list[list[str]] = shlex.split(args.worker_args)
                 if per_queue:
                     worker_args = [[*shlex.split(args.worker_args), "--new-queue", f"q{n}"] for n in range(processes)]
-                run = drain(url, worker_args, processes, pg_pid, insert, args.statements)
+                run = drain(url, worker_args, processes, pg_pid, insert, args.statements, args.worker_root.resolve())
                 done = run["completed"]
                 label = f"{shape} per queue" if per_queue else shape
                 print(
@@ -275,8 +290,12 @@ def main() -> None:
                     + (f" {run['backends_cpu'] / done * 1000:>17.4f}" if run["backends_cpu"] is not None else ""),
                     flush=True,
                 )
-                for calls, ms, buffers, query in run["statements"]:
-                    print(f"    {calls:>8} calls {ms:>8.3f} ms {buffers:>8.0f} buffers  {query}")
+                for calls, ms, buffers, got, query in run["statements"]:
+                    print(f"    {calls:>8} calls {ms:>8.3f} ms {buffers:>8.0f} buffers {got:>6.0f} rows  {query}")
+                if args.waits:
+                    print(
+                        "    active backends a sample: " + ", ".join(f"{e} {n:.2f}" for e, n in run["events"].items())
+                    )
                 for pair, count in run["waits_on"].most_common(args.waits):
                     print(f"    {count:>6} waits  {pair}")
     with connect(base) as conn:

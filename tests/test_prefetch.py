@@ -12,6 +12,7 @@ from django.db import connection, transaction
 from axa_django import Job, JobContext, conf, sql
 from axa_django.models import Worker as WorkerRow
 from axa_django.worker import Claimed, Worker
+from axa_django.worker.dispatcher import FLEET_SHARE
 from axa_django.worker.ledger import Ledger
 from tests.conftest import AXA_APPS, wait_for
 from tests.test_reliability import read_until
@@ -206,3 +207,45 @@ def test_rows_taken_back_from_the_threads_leave_their_ends_behind():
     assert ledger.work.get_nowait() is None and ledger.work.empty()
     ledger.forget(job.id for job in held)
     assert ledger.held() == 0
+
+
+def live_workers(count: int, heartbeat: str = "now()", lease: float = 600.0) -> None:
+    """Rows of ``count`` other workers, as a fleet's would be (no process behind them)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO axa_worker (id, hostname, pid, concurrency, queues, heartbeat_at, lease_seconds) "
+            f"SELECT gen_random_uuid(), 'elsewhere', 1, 1, '[]', {heartbeat}, %s FROM generate_series(1, %s)",
+            [lease, count],
+        )
+
+
+def test_registration_and_each_beat_read_how_many_workers_are_live():
+    worker = uuid.uuid4()
+    live_workers(5)
+    live_workers(3, heartbeat="now() - interval '20 seconds'", lease=10.0)  # their lease ran out: not counted
+    options = Worker(concurrency=1, install_signals=False).options
+    with connection.cursor() as cursor:
+        cursor.execute(sql.REGISTER, options.registration(worker))
+        assert cursor.fetchone() == (6,)
+        cursor.execute(sql.REGISTER, options.registration(worker))  # registered again: still counted once
+        assert cursor.fetchone() == (6,)
+        cursor.execute(sql.HEARTBEAT, {"worker": worker, "ids": [], "elect": False})
+        assert cursor.fetchone()[-1] == 6
+
+
+def test_a_large_fleet_holds_fewer_rows_ahead_in_each_worker(log_file):
+    # 32 processes each holding a full prefetch walked over each other's claims: in a fleet
+    # of more than FLEET_SHARE live workers each holds its share of FLEET_SHARE x prefetch.
+    live_workers(63)
+    prefetch_jobs.held.perform_later_many([{"token": f"t{i}", "log": log_file} for i in range(50)])
+    worker = Worker(burst=True, install_signals=False, concurrency=1, prefetch=64)
+    assert worker.run() == 0
+    assert worker.ledger.fleet == 64  # as its registration read it (and its beats, had it lived for one)
+    assert not Job.objects.exclude(status="completed").exists()
+    for _ in range(200):  # jobs of a microsecond (a moving average): the horizon asks for far more than any cap
+        worker.ledger.timed(1e-6)
+    ahead = {}
+    for fleet in (1, FLEET_SHARE, 16, 64, 10_000):
+        worker.ledger.fleet = fleet
+        ahead[fleet] = worker.dispatcher._ahead()
+    assert ahead == {1: 64, FLEET_SHARE: 64, 16: 32, 64: 8, 10_000: 0}

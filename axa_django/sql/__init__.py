@@ -149,19 +149,25 @@ _COMPLETED = """SELECT id, 'completed'::text AS status, NULL::text AS error, '{"
 FINISH_COMPLETED = FINISH.replace(_OUTCOMES, _COMPLETED)
 assert FINISH_COMPLETED != FINISH, "FINISH lost its outcomes"
 
-REGISTER = """
+# The workers live within their lease (the fleet drawing on this queue): each claims fewer
+# rows ahead as the fleet grows (worker/dispatcher.py). Our own row counts once.
+FLEET = """(SELECT count(*) + 1 FROM axa_worker w WHERE w.id <> %(worker)s
+    AND w.heartbeat_at > now() - w.lease_seconds * interval '1 second')"""
+REGISTER = f"""
 INSERT INTO axa_worker (
     id, hostname, pid, concurrency, queues, names, backends, started_at, heartbeat_at, lease_seconds)
 VALUES (%(worker)s, %(hostname)s, %(pid)s, %(concurrency)s, %(queues)s::jsonb, %(names)s::jsonb,
         %(backends)s::jsonb, now(), now(), %(lease)s)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+RETURNING {FLEET}
 """
 
 POLLER = """(SELECT w.id = %(worker)s FROM axa_worker w WHERE w.heartbeat_at > now() - w.lease_seconds
  * interval '1 second' ORDER BY w.started_at, w.id LIMIT 1)"""
 # Heartbeat, collect cancellations asked of this worker's running jobs, read back who asked
-# it to stop from the admin (NULL: nobody; the Workers page), and if ``elect`` whether it is the
-# fleet's poller (worker/quiet.py: the eldest worker live within its lease; no session state).
+# it to stop from the admin (NULL: nobody; the Workers page), if ``elect`` whether it is the
+# fleet's poller (worker/quiet.py: the eldest worker live within its lease; no session state),
+# and how many workers are live.
 # The jobs are found by their ids (the worker's in flight), never through axa_queue_running
 # by worker id: under a held snapshot, that walk reads every row this worker ever ran, and
 # a heartbeat slowed past its timeout would have the worker taken for dead.
@@ -173,7 +179,8 @@ SELECT (SELECT count(*) FROM beat),
                AND status || '' = 'running' AND cancel_requested),
        {NO_FLUSH},
        (SELECT stop_requested_by FROM beat),
-       CASE WHEN %(elect)s THEN {POLLER} END
+       CASE WHEN %(elect)s THEN {POLLER} END,
+       {FLEET}
 """
 
 # Requeue jobs of dead workers (no heartbeat within the lease), and rows claimed

@@ -96,7 +96,8 @@ class Heartbeat:
                     cursor.execute(sql.TIMEOUTS, {"statement": timeout, "lock": timeout})
                     params = {"worker": self.worker_id, "ids": self.ledger.ids(), "elect": elect}
                     cursor.execute(sql.HEARTBEAT, params)
-                    alive, cancelled, _, stop_by, polls = cursor.fetchone() or (1, [], None, None, None)
+                    alive, cancelled, _, stop_by, polls, fleet = cursor.fetchone() or (1, [], None, None, None, 1)
+                    self.ledger.fleet = fleet
                     if not alive:
                         self.rejoin(cursor)
                 if self.quiet is not None:
@@ -180,6 +181,7 @@ class Heartbeat:
             logger.warning("dropped %d job(s) claimed ahead: the rescue gave them back to the queue", len(waiting))
         if not stopping:
             cursor.execute(sql.REGISTER, self.options.registration(self.worker_id))
+            self.ledger.fleet = (cursor.fetchone() or (1,))[0]
 
     def _run(
         self,

@@ -56,6 +56,9 @@ class Ledger:
         self._dropped: set[uuid.UUID] = set()  # lost attempts' outcomes the finisher did not write
         self._starts: dict[uuid.UUID, float] = {}  # claimed-ahead jobs started, started_at not yet written
         self._job_seconds: float | None = None  # moving average of a job's run time
+        # Workers live within their lease, this one included, as the last registration or
+        # beat read them (the dispatcher's rows claimed ahead shrink as the fleet grows).
+        self.fleet = 1
         self._stuck: set[int | None] = set()  # job threads given up at their timeout
         self._stalled_since: float | None = None  # when job threads began to wait for outcomes to be written
         # Ids whose outcomes were written while a claim ran (``claim_begins`` to ``claim_ends``):
