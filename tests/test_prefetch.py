@@ -233,6 +233,29 @@ def test_registration_and_each_beat_read_how_many_workers_are_live():
         assert cursor.fetchone()[-1] == 6
 
 
+def test_a_worker_row_with_any_lease_or_heartbeat_is_counted_or_not_and_never_fails_the_registration():
+    # A lease of 1e12 s put now() minus it out of range: REGISTER failed, the worker claimed
+    # without a row, and the rescue ran its jobs a second time (review).
+    with connection.cursor() as cursor:
+        for heartbeat, lease in [
+            ("now()", "1e12"),  # live
+            ("now()", "'Infinity'"),  # live
+            ("now()", "'NaN'"),  # live: NaN is above every lease
+            ("now()", "-1e12"),  # not live: no lease at all
+            ("'infinity'", "30"),  # live
+            ("'-infinity'", "'Infinity'"),  # not live: no lease reaches back to it
+        ]:
+            cursor.execute(
+                "INSERT INTO axa_worker (id, hostname, pid, concurrency, queues, heartbeat_at, lease_seconds) "
+                f"VALUES (gen_random_uuid(), 'by hand', 1, 1, '[]', {heartbeat}, {lease})"
+            )
+        worker = uuid.uuid4()
+        cursor.execute(sql.REGISTER, Worker(concurrency=1, install_signals=False).options.registration(worker))
+        assert cursor.fetchone() == (5,)
+        cursor.execute(sql.HEARTBEAT, {"worker": worker, "ids": [], "elect": True})
+        assert cursor.fetchone()[-2:] == (False, 5)  # not the poller either: an elder is live
+
+
 def test_a_large_fleet_holds_fewer_rows_ahead_in_each_worker(log_file):
     # 32 processes each holding a full prefetch walked over each other's claims: in a fleet
     # of more than FLEET_SHARE live workers each holds its share of FLEET_SHARE x prefetch.

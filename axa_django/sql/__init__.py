@@ -149,10 +149,14 @@ _COMPLETED = """SELECT id, 'completed'::text AS status, NULL::text AS error, '{"
 FINISH_COMPLETED = FINISH.replace(_OUTCOMES, _COMPLETED)
 assert FINISH_COMPLETED != FINISH, "FINISH lost its outcomes"
 
+# A worker row live within its lease. The lease is held within 0 and 1e9 s (31 years) in
+# the arithmetic: a row whose lease_seconds was huge (written by hand, or under a
+# transaction pooler, where nothing else bounds it) put now() minus it out of range, and
+# failed every statement that read the fleet, the registration among them (review).
+LIVE = "w.heartbeat_at > now() - LEAST(GREATEST(w.lease_seconds, 0), 1e9) * interval '1 second'"
 # The workers live within their lease (the fleet drawing on this queue): each claims fewer
 # rows ahead as the fleet grows (worker/dispatcher.py). Our own row counts once.
-FLEET = """(SELECT count(*) + 1 FROM axa_worker w WHERE w.id <> %(worker)s
-    AND w.heartbeat_at > now() - w.lease_seconds * interval '1 second')"""
+FLEET = f"""(SELECT count(*) + 1 FROM axa_worker w WHERE w.id <> %(worker)s AND {LIVE})"""
 REGISTER = f"""
 INSERT INTO axa_worker (
     id, hostname, pid, concurrency, queues, names, backends, started_at, heartbeat_at, lease_seconds)
@@ -162,8 +166,7 @@ ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 RETURNING {FLEET}
 """
 
-POLLER = """(SELECT w.id = %(worker)s FROM axa_worker w WHERE w.heartbeat_at > now() - w.lease_seconds
- * interval '1 second' ORDER BY w.started_at, w.id LIMIT 1)"""
+POLLER = f"""(SELECT w.id = %(worker)s FROM axa_worker w WHERE {LIVE} ORDER BY w.started_at, w.id LIMIT 1)"""
 # Heartbeat, collect cancellations asked of this worker's running jobs, read back who asked
 # it to stop from the admin (NULL: nobody; the Workers page), if ``elect`` whether it is the
 # fleet's poller (worker/quiet.py: the eldest worker live within its lease; no session state),
