@@ -10,7 +10,8 @@ the first job's start to the last one's end (their rows' times; --burst: it stop
 none is left), every worker process serving
 the same 1,000 registered names (BENCH_SPREAD_NAMES) whatever the shape, and samples the
 PostgreSQL server's CPU (its processes' user + system time) over the drain, the backends
-waiting on a lock (mean per 20 ms sample) and the most connections. --processes starts
+waiting on a lock (mean per 20 ms sample), the most connections and (with --start-first)
+the WAL written a job. --processes starts
 that many workers on each drain. With --start-first (and --worker-args without --burst)
 the workers start on the empty table and the rows are written once all have registered
 and beaten once (a running fleet): the CPU figures then leave the start-ups out. Rounds run the shapes interleaved; each
@@ -162,6 +163,7 @@ def drain(
             wait_until(lambda: conn.execute(beaten).fetchone()[0] >= processes, 120, "a beat of every worker")
             conn.execute(insert)
             total = conn.execute("SELECT count(*) FROM axa_queue").fetchone()[0]
+            (wal_before,) = conn.execute("SELECT pg_current_wal_lsn()").fetchone()
     pids = [proc.pid for proc in procs]
     before = Sample(pids if insert is not None else [], pg_pid)
     # Every server process's CPU now: the workers' own backends are picked out at the end
@@ -173,6 +175,7 @@ def drain(
         with connect(url) as conn:
             done = "SELECT count(*) FROM axa_history"
             wait_until(lambda: conn.execute(done).fetchone()[0] >= total, 1800, "every job", step=0.02)
+            (wal,) = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)::float8", [wal_before]).fetchone()
         after = Sample(pids, pg_pid)
         with connect(url) as conn:
             ports = sorted(local_ports(pids))
@@ -207,6 +210,7 @@ def drain(
         else os.times().children_user + os.times().children_system - children,
         "pg_cpu": after.pg - before.pg,
         "backends_cpu": backends if insert is not None else None,
+        "wal": wal if insert is not None else None,
         "completed": completed,
         "lock_waits": watch.lock_waits / max(watch.samples, 1),
         "connections": watch.most_connections,
@@ -269,7 +273,7 @@ def main() -> None:
     pg_pid = args.pg_pid or info["pg_pid"]
     print(f"server: PostgreSQL {info['version']}, {info['connection']}; runworker {args.worker_args}")
     print("shape                processes    jobs     jobs/s   worker ms/job   PostgreSQL ms/job", end="")
-    print("   lock waits   connections   backends ms/job")
+    print("   lock waits   connections   backends ms/job   WAL bytes/job")
     for _ in range(args.rounds):
         for shape in args.shapes.split(","):
             counts = [int(n) for n in args.processes.split(",")]
@@ -287,7 +291,8 @@ def main() -> None:
                     f"{label:<20} {processes:>9} {done:>7} {done / run['elapsed']:>10.0f} "
                     f"{run['worker_cpu'] / done * 1000:>15.4f} {run['pg_cpu'] / done * 1000:>19.4f} "
                     f"{run['lock_waits']:>12.2f} {run['connections']:>13}"
-                    + (f" {run['backends_cpu'] / done * 1000:>17.4f}" if run["backends_cpu"] is not None else ""),
+                    + (f" {run['backends_cpu'] / done * 1000:>17.4f}" if run["backends_cpu"] is not None else "")
+                    + (f" {run['wal'] / done:>15.0f}" if run["wal"] is not None else ""),
                     flush=True,
                 )
                 for calls, ms, buffers, got, query in run["statements"]:

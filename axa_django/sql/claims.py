@@ -36,9 +36,10 @@ import psycopg.sql
 # locked, they stay there until the UPDATE, and no statistics can give the planner a
 # worse way (1.3 us less of the server's time per row than by id: pg15-claim-tid-ab.txt).
 # By id with a status test, a generic plan made while the statistics said nothing was
-# queued walked the whole ready index for the ids. A row updated and committed after
-# the statement's snapshot was taken is locked in its new version, which that snapshot
-# cannot see: it is left queued for the next claim.
+# queued walked the whole ready index for the ids. A row written after the statement's
+# snapshot was taken is passed over by the walk (UNTOUCHED); one locked in a newer
+# version anyway (its writer's id beyond UNTOUCHED's bounds) is not updated, as the
+# snapshot cannot see that version: it is left queued for the next claim.
 # RETURNING comes in no particular order: the worker sorts by priority and run_at.
 # What a claim writes and returns, shared with the limited claim (sqlflow.py).
 RUN_AT = "CASE WHEN q.run_at < '0001-01-01 00:00:00+00' THEN now() ELSE q.run_at END"
@@ -82,10 +83,12 @@ WHERE q.ctid = ANY(ARRAY(
 # reports it too. The snapshot's xmax is not such an id ("one past the highest
 # completed"): a transaction that got its id before the claim and was the newest running
 # one was at or above it, and the floors went past the rows it then committed (100,000
-# rows of a bulk INSERT waited 8 s for the look). age() reads the claim's own id, or else
-# the next id to be given, without taking one (an id for every empty claim cost a commit
-# record and an id a poll: ten times the ids an idle fleet used); it counts in 32 bits,
-# placed here above the snapshot's xmax, less than 2^32 below it.
+# rows of a bulk INSERT waited 8 s for the look). age() reads one id, fixed at its first
+# use in the claim's transaction: the next id to be given then (UNTOUCHED's test of the
+# walk's first row, before the claim takes its own), or the claim's own; it takes none
+# (an id for every empty claim cost a commit record and an id a poll: ten times the ids
+# an idle fleet used); it counts in 32 bits, placed here above the snapshot's xmax, less
+# than 2^32 below it.
 # (%% is psycopg's %: the claims are run with parameters.)
 NEXT_ID = """(SELECT x + (((n - x %% 4294967296) %% 4294967296) + 4294967296) %% 4294967296
     FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::int8 AS x,
@@ -132,7 +135,7 @@ _SEGMENT_WALK = """
         SELECT * FROM (
             SELECT ctid, priority, run_at FROM ONLY axa_queue
             WHERE status BETWEEN 'queued' AND 'queued' AND priority = s.exact AND run_at >= s.floor
-              AND run_at <= now() AND {serves} {queue}
+              AND run_at <= now() AND {serves} {queue} AND {untouched}
             ORDER BY priority DESC, run_at
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED
@@ -141,12 +144,33 @@ _SEGMENT_WALK = """
         SELECT * FROM (
             SELECT ctid, priority, run_at FROM ONLY axa_queue
             WHERE status BETWEEN 'queued' AND 'queued' AND priority > s.above AND priority < s.below
-              AND run_at >= s.floor AND run_at <= now() AND {serves} {queue}
+              AND run_at >= s.floor AND run_at <= now() AND {serves} {queue} AND {untouched}
             ORDER BY priority DESC, run_at
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED
         ) AS gap
     ) AS c"""
+
+# The walk passes over a row whose queued version another transaction wrote (claimed,
+# finished, locked) after the claim's snapshot, before locking it: that version's xmax is
+# an id the snapshot cannot see as ended (running when it was taken, or given since).
+# Locked, as READ COMMITTED locks such a row (its newest version, then its recheck fails),
+# the row stayed locked by the claim to its end, and the other worker's finish of it
+# waited for the claim (a fleet of 16 to 32 processes: several finishes waiting at any
+# moment, "finisher <- claim" on Lock:transactionid; none with this test:
+# benchmarks/results/pg15-claim-untouched-ab.txt). An xmax of 0 (never written) is never
+# passed over. Ids are compared as age(): 32-bit distances from one id fixed for the
+# claim (the next id to be given when its walk began), so wraparound cannot confuse
+# them; "given since" is bounded to the 65,535 ids after the snapshot's xmax. A row passed
+# over stays queued: the next claim, under a snapshot that sees the writer ended, takes it
+# if it is still queued, and a row the floors passed meanwhile is found by the look. An
+# xmax can also be a MultiXact id (two transactions sharing a row lock, as two foreign-key
+# inserts that refer to one job do), which SQL cannot tell from a transaction id: read as
+# one, it is passed over only while it falls in those 65,535 ids after the snapshot's xmax,
+# so at worst such a row waits until the server has given that many ids.
+UNTOUCHED = """NOT (age(xmax)::int8 - (SELECT age(xid(pg_snapshot_xmax(pg_current_snapshot()))))::int8
+        BETWEEN -65535 AND 0
+      OR xmax = ANY(ARRAY(SELECT xid(x) FROM pg_snapshot_xip(pg_current_snapshot()) x)))"""
 
 # The look behind the floors (worker/lookout.py): the oldest ready row of any segment
 # below its floor, under the claim's own filters, or NULL. It reads what the walk never
@@ -231,7 +255,8 @@ def _segment_values(found: list[tuple[int | None, int | None, int | None]]) -> d
 
 def _filled(template: str, filters: list[str]) -> list[str]:
     """``template`` under each queue filter."""
-    return [template.replace("{queue}", f).replace("{serves}", SERVES) for f in filters]
+    filled = (template.replace("{queue}", f).replace("{serves}", SERVES) for f in filters)
+    return [text.replace("{untouched}", UNTOUCHED) for text in filled]
 
 
 def _walks(template: str, filters: list[str]) -> tuple[str, str]:
