@@ -24,6 +24,7 @@ from django.test import Client
 from django.urls import reverse
 
 from axa_django import Job, sql
+from axa_django.admin import bulk, bulkjob, periodic
 from axa_django.models import QueueLimit, QueuePause, Worker
 from axa_django.models.queue import LiveWorker, Queue
 from axa_django.ops import fleetview
@@ -377,6 +378,23 @@ def test_the_workers_page_lists_live_workers_and_what_each_thread_runs(admin_cli
     assert f'<a href="{shown["jobs"][0]["url"]}">ops.sleep</a>' in row and "attempt 2" in row
     assert 'name="worker"' in row and dead not in html and "gone:4242" not in html
     assert re.search(r'id="axa-dead-count">1<', html)
+
+
+@pytest.mark.django_db
+def test_worker_rows_with_any_lease_show_on_every_page_that_reads_the_fleet(admin_client: Client) -> None:
+    # A lease written by hand as 1e12 s or Infinity put now() minus it out of range: the
+    # Workers and Queues pages, the stop, the bulk confirmation and the periodic page failed.
+    leases = (1e12, float("inf"), float("nan"))
+    live = {str(lease): add_worker([], host=f"h{lease}", lease=lease, names=[bulkjob.NAME]) for lease in leases}
+    add_worker([], host="no lease", lease=-1e12)
+    data = admin_client.get(WORKERS_DATA).json()
+    assert sorted(w["id"] for w in data["workers"]) == sorted(live.values()) and data["dead"] == 1
+    assert admin_client.get(QUEUES_DATA).status_code == 200
+    assert fleetview.request_stop(live["inf"], "ann").outcome == "asked"
+    assert bulk.served() == ""  # they serve every queue and the bulk operation's name
+    with connection.cursor() as cursor:
+        cursor.execute(periodic.LIVE)
+        assert len(cursor.fetchall()) == 3
 
 
 @pytest.mark.django_db

@@ -39,6 +39,7 @@ from .. import conf
 from ..models import Job
 from ..models.queue import BulkOperation
 from ..ops import dashboard
+from ..sql import LIVE as LIVE_LEASE
 from . import bulkjob
 from .actions import breadcrumbs
 from .display import JobPermissions, format_time, full_time, thousands
@@ -63,11 +64,10 @@ WHAT = {
     "delete": ("job", "to delete"),
 }
 # Live workers that would claim the operation's job now: a current lease, its name, its queue.
-SERVED = """
-SELECT count(*) FILTER (WHERE heartbeat_at >= now() - make_interval(secs => lease_seconds)
-                          AND names ? %(name)s AND (queues = '[]'::jsonb OR queues ? %(queue)s)),
+SERVED = f"""
+SELECT count(*) FILTER (WHERE {LIVE_LEASE} AND names ? %(name)s AND (queues = '[]'::jsonb OR queues ? %(queue)s)),
        EXISTS (SELECT 1 FROM axa_paused_queue WHERE queue = %(queue)s)
-FROM axa_worker
+FROM axa_worker w
 """
 
 

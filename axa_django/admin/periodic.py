@@ -28,6 +28,7 @@ from .. import cron, registry
 from ..enqueuing.cronexpr import describe
 from ..models import Job
 from ..models.queue import PeriodicJob, Schedule
+from ..sql import LIVE as LIVE_LEASE
 from .actions import breadcrumbs
 from .display import format_duration, full_time, status_badge, thousands
 from .lists import refuse_nul
@@ -39,9 +40,9 @@ PERMISSION = "axa_django.change_schedule"
 VIEWERS = ("axa_django.view_job", "axa_django.change_job", "axa_django.view_schedule", PERMISSION)
 
 # Workers within their lease, and the job names each claims (axa_worker is one row per process).
-LIVE = """
-SELECT hostname, pid, names, queues FROM axa_worker
-WHERE heartbeat_at >= now() - make_interval(secs => lease_seconds)
+LIVE = f"""
+SELECT hostname, pid, names, queues FROM axa_worker w
+WHERE {LIVE_LEASE}
 ORDER BY started_at, id
 """
 

@@ -20,6 +20,7 @@ from django.db import connections, transaction
 
 from .. import conf, registry
 from ..selection import task_backend_aliases
+from ..sql import LIVE
 from . import fleetstats
 
 # Ready and scheduled rows counted per queue: beyond this a figure reads "at least CAP".
@@ -75,13 +76,13 @@ SELECT queue, reason, paused_by, paused_at, extract(epoch FROM now() - paused_at
 """
 LIMITS = "SELECT queue, max_running, set_by, set_at FROM axa_queue_limit"
 
-# Every registered worker; live while its heartbeat is younger than its own lease.
-WORKERS = """
+# Every registered worker; live while its heartbeat is younger than its own lease (sql.LIVE:
+# a lease written by hand as 1e12 or Infinity cannot put the page's arithmetic out of range).
+WORKERS = f"""
 SELECT id, hostname, pid, concurrency, queues, names, backends, started_at,
        extract(epoch FROM now() - started_at)::float8, extract(epoch FROM now() - heartbeat_at)::float8,
-       heartbeat_at >= now() - make_interval(secs => lease_seconds), stop_requested_by,
-       extract(epoch FROM now() - stop_requested_at)::float8
-FROM axa_worker ORDER BY started_at, id
+       {LIVE}, stop_requested_by, extract(epoch FROM now() - stop_requested_at)::float8
+FROM axa_worker w ORDER BY started_at, id
 """
 
 # The live workers' running rows: per worker how many, and how many of them started
@@ -99,15 +100,15 @@ ORDER BY started_at NULLS LAST, id LIMIT %(limit)s
 # Ask one live worker to stop: its next heartbeat reads the request back (sql.HEARTBEAT).
 # A request already made stands (the first asker is the one the worker names). The time is
 # the write's own, after any beat it waited for: every beat later than it reads the request.
-STOP = """
-UPDATE axa_worker SET stop_requested_by = %(by)s, stop_requested_at = clock_timestamp()
-WHERE id = %(worker)s AND stop_requested_by IS NULL AND heartbeat_at >= now() - make_interval(secs => lease_seconds)
+STOP = f"""
+UPDATE axa_worker w SET stop_requested_by = %(by)s, stop_requested_at = clock_timestamp()
+WHERE id = %(worker)s AND stop_requested_by IS NULL AND {LIVE}
 RETURNING hostname, pid
 """
 # Why a stop was not asked: the worker is gone, its lease ran out, or someone asked before.
-STOP_REFUSED = """
-SELECT hostname, pid, heartbeat_at >= now() - make_interval(secs => lease_seconds), stop_requested_by
-FROM axa_worker WHERE id = %(worker)s
+STOP_REFUSED = f"""
+SELECT hostname, pid, {LIVE}, stop_requested_by
+FROM axa_worker w WHERE id = %(worker)s
 """
 
 
@@ -272,10 +273,7 @@ def queues(using: str | None = None) -> Queues:
 
 def _workers(cursor: Any) -> list[tuple[str, bool, list[str]]]:
     """(host:pid, live, queues) of every registered worker (its queues empty: all)."""
-    cursor.execute(
-        "SELECT hostname, pid, heartbeat_at >= now() - make_interval(secs => lease_seconds), queues "
-        "FROM axa_worker ORDER BY started_at, id"
-    )
+    cursor.execute(f"SELECT hostname, pid, {LIVE}, queues FROM axa_worker w ORDER BY started_at, id")
     return [(f"{host}:{pid}", bool(alive), _json_list(served)) for host, pid, alive, served in cursor.fetchall()]
 
 
