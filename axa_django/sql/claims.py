@@ -153,23 +153,26 @@ _SEGMENT_WALK = """
 
 # The walk passes over a row whose queued version another transaction wrote (claimed,
 # finished, locked) after the claim's snapshot, before locking it: that version's xmax is
-# an id the snapshot cannot see as ended (running when it was taken, or given since).
-# Locked, as READ COMMITTED locks such a row (its newest version, then its recheck fails),
-# the row stayed locked by the claim to its end, and the other worker's finish of it
-# waited for the claim (a fleet of 16 to 32 processes: several finishes waiting at any
-# moment, "finisher <- claim" on Lock:transactionid; none with this test:
-# benchmarks/results/pg15-claim-untouched-ab.txt). An xmax of 0 (never written) is never
-# passed over. Ids are compared as age(): 32-bit distances from one id fixed for the
-# claim (the next id to be given when its walk began), so wraparound cannot confuse
-# them; "given since" is bounded to the 65,535 ids after the snapshot's xmax. A row passed
-# over stays queued: the next claim, under a snapshot that sees the writer ended, takes it
-# if it is still queued, and a row the floors passed meanwhile is found by the look. An
-# xmax can also be a MultiXact id (two transactions sharing a row lock, as two foreign-key
-# inserts that refer to one job do), which SQL cannot tell from a transaction id: read as
-# one, it is passed over only while it falls in those 65,535 ids after the snapshot's xmax,
-# so at worst such a row waits until the server has given that many ids.
-UNTOUCHED = """NOT (age(xmax)::int8 - (SELECT age(xid(pg_snapshot_xmax(pg_current_snapshot()))))::int8
-        BETWEEN -65535 AND 0
+# an id the snapshot cannot see as ended, running when the snapshot was taken (its xip)
+# or given between the snapshot and the walk's first row. Locked, as READ COMMITTED locks
+# such a row (its newest version, then its recheck fails), the row stayed locked by the
+# claim to its end, and the other worker's finish of it waited for the claim (a fleet of
+# 16 to 32 processes: several finishes waiting at any moment, "finisher <- claim" on
+# Lock:transactionid: benchmarks/results/pg15-claim-untouched-ab.txt). Ids are compared as
+# age(): 32-bit distances from the one id age() fixes for the claim's transaction (the
+# next id to be given when the walk began, or the transaction's own), so wraparound
+# cannot confuse them. The bounds are what keep every row claimable: an xmax of 0, the
+# transaction's own id (its own earlier writes, as run_jobs() makes them) and ids given
+# during the walk are never passed over. An xmax can be a MultiXact id (two transactions
+# sharing a row lock, as two foreign-key inserts that refer to one job do), which SQL
+# cannot tell from a transaction id: read as one, it could fall in the ids given since the
+# snapshot, but on a server where nothing writes that span is empty, so no MultiXact can
+# hold a row while the queue waits for ids (review: a window of 65,535 ids held such a
+# row through every claim of an idle queue). A row passed over stays queued: the next
+# claim takes it, and one the floors passed meanwhile is found by the look. Not passed
+# over, and locked as before: a row written by a subtransaction (a savepoint) of a
+# transaction running at the snapshot, whose id the snapshot's xip does not list.
+UNTOUCHED = """NOT (age(xmax)::int8 BETWEEN 1 AND (SELECT age(xid(pg_snapshot_xmax(pg_current_snapshot()))))::int8
       OR xmax = ANY(ARRAY(SELECT xid(x) FROM pg_snapshot_xip(pg_current_snapshot()) x)))"""
 
 # The look behind the floors (worker/lookout.py): the oldest ready row of any segment
