@@ -24,11 +24,11 @@ logger = logging.getLogger("axa_django")
 PREFETCH_HORIZON = 0.02
 # A fleet of up to FLEET_SHARE workers each holds up to ``prefetch`` rows ahead; a larger
 # one holds FLEET_SHARE x prefetch between them. A claim of rows ahead is a long
-# transaction at the queue's head, and it locks the newest version of every row another
-# worker claimed and committed under it (then passes it over): that row's finish waits
-# for it. 32 processes of 2,048 rows each on two cores had 0.2-10 finishes waiting at
-# any moment; at 512 rows each 0.35-0.63, the server's CPU a job 0.78x and the drain no
-# slower (benchmarks/results/pg15-fleet-ahead-ab.txt).
+# transaction at the queue's head: 32 processes of 2,048 rows each on two cores spent
+# more of the server a job than at 512 rows each (0.78x at 512, the drain no slower:
+# benchmarks/results/pg15-fleet-ahead-ab.txt). Such a claim also locked the newest
+# version of each row another worker claimed under it, and that row's finish waited;
+# the walk passes those rows over now (sql.claims.UNTOUCHED).
 FLEET_SHARE = 8
 # A job claimed ahead and started longer ago than this gets its started_at written
 # before its outcome; shorter jobs have it written with the outcome, at no cost.
