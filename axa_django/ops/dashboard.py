@@ -31,7 +31,7 @@ REFRESH_SECONDS = 5
 # (served by the partial index axa_queue_ready).
 READY = """
 SELECT now(), count(*), now() - min(run_at)
-FROM axa_queue WHERE status = 'queued' AND run_at <= now()
+FROM ONLY axa_queue WHERE status = 'queued' AND run_at <= now()
 """
 
 # The chart's hours: the last 24 whole hours in UTC, the current one last. A past hour is
@@ -89,7 +89,7 @@ ORDER BY h.hour
 # Registered workers, their heartbeat's age and how many jobs each is running.
 WORKERS = """
 SELECT w.id, w.hostname, w.pid, w.concurrency, w.queues, w.started_at, now() - w.heartbeat_at,
-       (SELECT count(*) FROM axa_queue q WHERE q.status = 'running' AND q.worker_id = w.id)
+       (SELECT count(*) FROM ONLY axa_queue q WHERE q.status = 'running' AND q.worker_id = w.id)
 FROM axa_worker w
 ORDER BY w.started_at, w.id
 """

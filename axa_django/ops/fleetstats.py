@@ -36,15 +36,15 @@ TIMEOUT = "SELECT set_config('statement_timeout', %s, true)"
 # queue), running rows, rows finished in the last 5 minutes, or live workers.
 QUEUE_NAMES = """
 WITH RECURSIVE queued AS (
-    (SELECT 1 AS n, queue FROM axa_queue WHERE status = 'queued' AND attempts >= 0 ORDER BY queue LIMIT 1)
+    (SELECT 1 AS n, queue FROM ONLY axa_queue WHERE status = 'queued' AND attempts >= 0 ORDER BY queue LIMIT 1)
     UNION ALL
     SELECT p.n + 1, x.queue FROM queued p CROSS JOIN LATERAL (
-        SELECT queue FROM axa_queue WHERE status = 'queued' AND attempts >= 0 AND queue > p.queue
+        SELECT queue FROM ONLY axa_queue WHERE status = 'queued' AND attempts >= 0 AND queue > p.queue
         ORDER BY queue LIMIT 1
     ) AS x WHERE p.n < %(queues)s
 )
 SELECT queue FROM queued
-UNION SELECT queue FROM axa_queue WHERE status = 'running'
+UNION SELECT queue FROM ONLY axa_queue WHERE status = 'running'
 UNION SELECT queue FROM axa_queue WHERE finished_at >= now() - interval '5 minutes'
 """
 
@@ -54,19 +54,19 @@ UNION SELECT queue FROM axa_queue WHERE finished_at >= now() - interval '5 minut
 # A run_at of '-infinity' (another producer's row) reads as 100 years, not an error.
 PER_QUEUE = """
 SELECT q.queue,
-    (SELECT count(*) FROM (SELECT 1 FROM axa_queue WHERE status = 'queued' AND attempts >= 0 AND queue = q.queue
+    (SELECT count(*) FROM (SELECT 1 FROM ONLY axa_queue WHERE status = 'queued' AND attempts >= 0 AND queue = q.queue
                            AND run_at <= now() LIMIT %(cap)s) AS c),
-    (SELECT count(*) FROM (SELECT 1 FROM axa_queue WHERE status = 'queued' AND attempts >= 0 AND queue = q.queue
+    (SELECT count(*) FROM (SELECT 1 FROM ONLY axa_queue WHERE status = 'queued' AND attempts >= 0 AND queue = q.queue
                            AND run_at > now() LIMIT %(cap)s) AS c),
     (SELECT CASE WHEN min(run_at) IS NOT NULL
                  THEN extract(epoch FROM now() - GREATEST(min(run_at), now() - interval '100 years'))::float8 END
-     FROM axa_queue WHERE status = 'queued' AND attempts >= 0 AND queue = q.queue AND run_at <= now())
+     FROM ONLY axa_queue WHERE status = 'queued' AND attempts >= 0 AND queue = q.queue AND run_at <= now())
 FROM unnest(%(queues)s::text[]) AS q(queue)
 """
 
 PAUSED = "SELECT queue FROM axa_paused_queue"
 
-RUNNING = "SELECT queue, count(*) FROM axa_queue WHERE status = 'running' GROUP BY queue"
+RUNNING = "SELECT queue, count(*) FROM ONLY axa_queue WHERE status = 'running' GROUP BY queue"
 
 # Finished in the last 5 minutes and the last minute, per queue and status, with the
 # attempts those jobs took, and how long they waited to be claimed and took to run.
@@ -115,7 +115,7 @@ FROM axa_worker w ORDER BY w.started_at, w.id
 # The longest-running jobs first, with the worker that runs each (NULL: a seed claim).
 CURRENT = """
 SELECT id, name, queue, worker_id, attempts, extract(epoch FROM now() - started_at)::float8
-FROM axa_queue WHERE status = 'running' ORDER BY started_at NULLS LAST LIMIT %(limit)s
+FROM ONLY axa_queue WHERE status = 'running' ORDER BY started_at NULLS LAST LIMIT %(limit)s
 """
 
 
