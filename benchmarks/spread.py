@@ -156,19 +156,25 @@ def drain(
             conn.execute("SELECT pg_stat_statements_reset()")
     procs = [subprocess.Popen(command, cwd=root, env=env, stderr=subprocess.PIPE, text=True) for command in commands]
     processes = len(procs)
+    pids = [proc.pid for proc in procs]
     if insert is not None:
         with connect(url) as conn:
             # Registered and beaten once each: a running fleet, each worker knowing its size.
             beaten = "SELECT count(*) FROM axa_worker WHERE heartbeat_at > started_at"
             wait_until(lambda: conn.execute(beaten).fetchone()[0] >= processes, 120, "a beat of every worker")
-            conn.execute(insert)
-            total = conn.execute("SELECT count(*) FROM axa_queue").fetchone()[0]
-            (wal_before,) = conn.execute("SELECT pg_current_wal_lsn()").fetchone()
-    pids = [proc.pid for proc in procs]
-    before = Sample(pids if insert is not None else [], pg_pid)
-    # Every server process's CPU now: the workers' own backends are picked out at the end
-    # (by their sockets), apart from autovacuum, the checkpointer and the WAL writer.
-    server_before = server_processes(pg_pid) if insert is not None else {}
+            # The counters are read before the rows are committed, while the workers wait:
+            # read after, on two cores busy with 50 workers, this process got the CPU to read
+            # them seconds into the drain, and most of its cost went uncounted.
+            with conn.transaction():
+                conn.execute(insert)
+                total = conn.execute("SELECT count(*) FROM axa_queue").fetchone()[0]
+                (wal_before,) = conn.execute("SELECT pg_current_wal_lsn()").fetchone()
+                before = Sample(pids, pg_pid)
+                # Every server process's CPU now: the workers' own backends are picked out at the
+                # end (by their sockets), apart from autovacuum, the checkpointer and the WAL writer.
+                server_before = server_processes(pg_pid)
+    else:
+        before, server_before = Sample([], pg_pid), {}
     children = os.times().children_user + os.times().children_system
     watch.start()
     if insert is not None:
