@@ -161,3 +161,29 @@ def test_the_seeds_requeue_stale_spares_a_live_workers_job_and_takes_a_dead_ones
     wait_for(stale, timeout=lease * 4, what="the killed worker's heartbeat older than its lease")
     run(REQUEUE_STALE, "60")
     assert Job.objects.get(pk=job.pk).status == "queued"
+
+
+@pytest.mark.parametrize("lease", ["1e12", "'Infinity'", "'NaN'", "-1"])
+def test_the_seeds_requeue_stale_runs_whatever_lease_a_worker_row_holds(lease):
+    # Review: axa_queue_requeue read now() - make_interval(secs => lease_seconds); a lease
+    # written by hand as 1e12, Infinity or NaN failed the seed's whole REQUEUE_STALE.
+    worker = uuid.uuid4()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO axa_worker (id, hostname, pid, concurrency, queues, heartbeat_at, lease_seconds) "
+            f"VALUES (%s, 'by hand', 1, 1, '[]', now(), {lease})",
+            [worker],
+        )
+        ids = {}
+        for key, owner in (("kept", worker), ("seed", None)):
+            cursor.execute(
+                "INSERT INTO axa_queue (id, name, args, status, worker_id, started_at, attempts) "
+                "VALUES (gen_random_uuid(), 'seed.job', '{}', 'running', %s, now() - interval '2 hours', 1) "
+                "RETURNING id",
+                [owner],
+            )
+            ids[key] = cursor.fetchone()[0]
+    run(REQUEUE_STALE, "60")
+    live = lease != "-1"  # a negative lease is no lease: the worker counts as gone
+    assert Job.objects.get(pk=ids["kept"]).status == ("running" if live else "queued")
+    assert Job.objects.get(pk=ids["seed"]).status == "queued"

@@ -316,7 +316,9 @@ CREATE TRIGGER axa_history_keep AFTER UPDATE OF status ON axa_queue FOR EACH ROW
 #   at its start, queues again every row running for longer than its stale_minutes,
 #   keeping the worker id and clearing the start. That update is skipped for a row whose
 #   worker's heartbeat is fresh (within the lease it registered), so a job whose worker
-#   is alive is never requeued, however long it runs. The worker's own statements clear
+#   is alive is never requeued, however long it runs (the lease held within 0 and 1e9 s, as
+#   sql.LIVE holds it: a lease of 1e12 or Infinity written by hand put now() minus it out of
+#   range and failed the whole REQUEUE_STALE). The worker's own statements clear
 #   the worker id, so the guard never holds for them; a seed-claimed row has none.
 # - a job whose cancel was asked while it ran ends cancelled instead (axa_history_keep then
 #   moves it): queued again, its next claim cleared the flag and ran it.
@@ -326,7 +328,7 @@ CREATE FUNCTION axa_queue_requeue() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.worker_id = OLD.worker_id AND OLD.started_at IS NOT NULL AND NEW.started_at IS NULL
        AND EXISTS (SELECT 1 FROM axa_worker w WHERE w.id = OLD.worker_id
-                   AND w.heartbeat_at >= now() - make_interval(secs => w.lease_seconds)) THEN
+                   AND w.heartbeat_at > now() - LEAST(GREATEST(w.lease_seconds, 0), 1e9) * interval '1 second') THEN
         RETURN NULL;
     END IF;
     IF NEW.cancel_requested THEN
