@@ -293,8 +293,9 @@ def test_the_test_adds_no_scan_to_the_claims_plan(
     held.execute("ANALYZE axa_queue")
     held.execute("SET plan_cache_mode = force_generic_plan")
     plans = {}
+    walk = claims._SEGMENT_WALK
     for label, untouched in (("with", claims.UNTOUCHED), ("without", "true")):
-        monkeypatch.setattr(claims, "UNTOUCHED", untouched)
+        monkeypatch.setattr(claims, "_SEGMENT_WALK", walk.replace(claims.UNTOUCHED, untouched))
         statement = sql.compose(sql.CLAIM_LANES, NAMES, [], None, lanes=[0, 1, 2])
         params = {"worker": uuid.uuid4(), "limit": 64, "ahead": False, "floors": every_segment([0, 1, 2])}
         with held.transaction(force_rollback=True):

@@ -111,6 +111,30 @@ CLAIM_LANES = _SNAPPED.replace("{claim}", CLAIM.replace("{walks}", "{lane_walks}
 # would take the per-name indexes and sort every ready row instead of walking in order.
 SERVES = "((backend IS NULL AND name = ANY({names}::text[])) OR backend = ANY({backends}::text[])) IS TRUE"
 
+# The walk passes over a row whose queued version another transaction wrote (claimed,
+# finished, locked) after the claim's snapshot, before locking it: that version's xmax is
+# an id the snapshot cannot see as ended, running when the snapshot was taken (its xip)
+# or given between the snapshot and the walk's first row. Locked, as READ COMMITTED locks
+# such a row (its newest version, then its recheck fails), the row stayed locked by the
+# claim to its end, and the other worker's finish of it waited for the claim (a fleet of
+# 16 to 32 processes: several finishes waiting at any moment, "finisher <- claim" on
+# Lock:transactionid: benchmarks/results/pg15-claim-untouched-ab.txt). Ids are compared as
+# age(): 32-bit distances from the one id age() fixes for the claim's transaction (the
+# next id to be given when the walk began, or the transaction's own), so wraparound
+# cannot confuse them. The bounds are what keep every row claimable: an xmax of 0, the
+# transaction's own id (its own earlier writes, as run_jobs() makes them) and ids given
+# during the walk are never passed over. An xmax can be a MultiXact id (two transactions
+# sharing a row lock, as two foreign-key inserts that refer to one job do), which SQL
+# cannot tell from a transaction id: read as one, it could fall in the ids given since the
+# snapshot, but on a server where nothing writes that span is empty, so no MultiXact can
+# hold a row while the queue waits for ids (review: a window of 65,535 ids held such a
+# row through every claim of an idle queue). A row passed over stays queued: the next
+# claim takes it, and one the floors passed meanwhile is found by the look. Not passed
+# over, and locked as before: a row written by a subtransaction (a savepoint) of a
+# transaction running at the snapshot, whose id the snapshot's xip does not list.
+UNTOUCHED = """NOT (age(xmax)::int8 BETWEEN 1 AND (SELECT age(xid(pg_snapshot_xmax(pg_current_snapshot()))))::int8
+      OR xmax = ANY(ARRAY(SELECT xid(x) FROM pg_snapshot_xip(pg_current_snapshot()) x)))"""
+
 # The walk, segment by segment in the order of the unnest (priorities highest first), each
 # segment's rows oldest first (axa_queue_claim_all), each from its floor (worker/lanes.py):
 # rows whose claims left dead index entries behind a floor are never walked, however old
@@ -149,31 +173,7 @@ _SEGMENT_WALK = """
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED
         ) AS gap
-    ) AS c"""
-
-# The walk passes over a row whose queued version another transaction wrote (claimed,
-# finished, locked) after the claim's snapshot, before locking it: that version's xmax is
-# an id the snapshot cannot see as ended, running when the snapshot was taken (its xip)
-# or given between the snapshot and the walk's first row. Locked, as READ COMMITTED locks
-# such a row (its newest version, then its recheck fails), the row stayed locked by the
-# claim to its end, and the other worker's finish of it waited for the claim (a fleet of
-# 16 to 32 processes: several finishes waiting at any moment, "finisher <- claim" on
-# Lock:transactionid: benchmarks/results/pg15-claim-untouched-ab.txt). Ids are compared as
-# age(): 32-bit distances from the one id age() fixes for the claim's transaction (the
-# next id to be given when the walk began, or the transaction's own), so wraparound
-# cannot confuse them. The bounds are what keep every row claimable: an xmax of 0, the
-# transaction's own id (its own earlier writes, as run_jobs() makes them) and ids given
-# during the walk are never passed over. An xmax can be a MultiXact id (two transactions
-# sharing a row lock, as two foreign-key inserts that refer to one job do), which SQL
-# cannot tell from a transaction id: read as one, it could fall in the ids given since the
-# snapshot, but on a server where nothing writes that span is empty, so no MultiXact can
-# hold a row while the queue waits for ids (review: a window of 65,535 ids held such a
-# row through every claim of an idle queue). A row passed over stays queued: the next
-# claim takes it, and one the floors passed meanwhile is found by the look. Not passed
-# over, and locked as before: a row written by a subtransaction (a savepoint) of a
-# transaction running at the snapshot, whose id the snapshot's xip does not list.
-UNTOUCHED = """NOT (age(xmax)::int8 BETWEEN 1 AND (SELECT age(xid(pg_snapshot_xmax(pg_current_snapshot()))))::int8
-      OR xmax = ANY(ARRAY(SELECT xid(x) FROM pg_snapshot_xip(pg_current_snapshot()) x)))"""
+    ) AS c""".replace("{untouched}", UNTOUCHED)
 
 # The look behind the floors (worker/lookout.py): the oldest ready row of any segment
 # below its floor, under the claim's own filters, or NULL. It reads what the walk never
@@ -258,8 +258,7 @@ def _segment_values(found: list[tuple[int | None, int | None, int | None]]) -> d
 
 def _filled(template: str, filters: list[str]) -> list[str]:
     """``template`` under each queue filter."""
-    filled = (template.replace("{queue}", f).replace("{serves}", SERVES) for f in filters)
-    return [text.replace("{untouched}", UNTOUCHED) for text in filled]
+    return [template.replace("{queue}", f).replace("{serves}", SERVES) for f in filters]
 
 
 def _walks(template: str, filters: list[str]) -> tuple[str, str]:
