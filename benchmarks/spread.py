@@ -269,9 +269,19 @@ def main() -> None:
         help="run the workers from this checkout (an A/B of the worker's code under the same harness)",
     )
     parser.add_argument("--waits", type=int, default=0, help="after each drain, the N commonest lock waits")
+    parser.add_argument(
+        "--schema-sql",
+        default="",
+        help="SQL run once on the migrated database before the drains: an experiment on the schema "
+        "(say what it was beside its figures)",
+    )
     args = parser.parse_args()
     base = base_url()
     url = migrated_database(base, args.db)
+    if args.schema_sql:
+        with connect(url) as conn:
+            conn.execute(args.schema_sql)
+        print(f"schema changed for this run: {args.schema_sql}")
     info = server_info(url)
     if args.statements:
         with connect(url) as conn:
