@@ -5,7 +5,7 @@ import uuid
 
 import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 
 from axa_django import Job, sql, unhandled
 from axa_django.execution import Outcome, finish
@@ -248,11 +248,9 @@ def test_the_dispatcher_and_the_finisher_prepare_their_statements_at_the_first_r
 
 
 @pytest.mark.django_db(transaction=True)
-def test_with_prepared_statements_off_the_worker_prepares_nothing(settings):
-    settings.DATABASES["default"]["OPTIONS"] = {
-        **settings.DATABASES["default"].get("OPTIONS", {}),
-        "prepare_threshold": None,
-    }
+def test_with_prepared_statements_off_the_worker_prepares_nothing(monkeypatch):
+    options = connections["default"].settings_dict.get("OPTIONS", {})
+    monkeypatch.setitem(connections["default"].settings_dict, "OPTIONS", {**options, "prepare_threshold": None})
     claim = sql.compose(sql.CLAIM, ["tests.nothing_enqueues_this"], [], None)
     db = DispatcherConnection(Options.build(), Control(), Ledger())
     assert db.open_first()
