@@ -138,13 +138,15 @@ def drain(
     insert: str | None,
     statements: int = 0,
     root: Path = ROOT,
+    warm: str | None = None,
 ) -> dict[str, Any]:
     """``processes`` workers on the rows: seconds from the first job's start to the last one's end,
     the workers' CPU and the server's, the jobs completed, lock waits per sample and the most
     connections seen. ``insert`` None: burst workers on the rows written, CPU over their whole run
     (start-ups included); else workers started on the empty table, and once all have registered and beaten,
     the rows written by ``insert``: CPU from its commit to the last job's end (then the workers stop),
-    and their own backends' CPU apart (``backends_cpu``)."""
+    and their own backends' CPU apart (``backends_cpu``). ``warm``: rows the started workers drain first,
+    left out of every figure (a fleet that has run jobs before: plans made, caches filled)."""
     env = dict(os.environ, DATABASE_URL=url, PYTHONPATH=str(root), BENCH_SPREAD_NAMES=str(NAMES))
     env["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
     # One argument list for every process, or one list each (--per-queue).
@@ -162,19 +164,26 @@ def drain(
             # Registered and beaten once each: a running fleet, each worker knowing its size.
             beaten = "SELECT count(*) FROM axa_worker WHERE heartbeat_at > started_at"
             wait_until(lambda: conn.execute(beaten).fetchone()[0] >= processes, 120, "a beat of every worker")
+            warmed = 0
+            if warm is not None:
+                conn.execute(warm)
+                warmed = conn.execute("SELECT count(*) FROM axa_queue").fetchone()[0]
+                history = "SELECT count(*) FROM axa_history"
+                wait_until(lambda: conn.execute(history).fetchone()[0] >= warmed, 600, "the warm-up's jobs")
             # The counters are read before the rows are committed, while the workers wait:
             # read after, on two cores busy with 50 workers, this process got the CPU to read
             # them seconds into the drain, and most of its cost went uncounted.
             with conn.transaction():
+                (since,) = conn.execute("SELECT statement_timestamp()").fetchone()  # before the rows' created_at
                 conn.execute(insert)
-                total = conn.execute("SELECT count(*) FROM axa_queue").fetchone()[0]
+                total = conn.execute("SELECT count(*) FROM ONLY axa_queue").fetchone()[0] + warmed
                 (wal_before,) = conn.execute("SELECT pg_current_wal_lsn()").fetchone()
                 before = Sample(pids, pg_pid)
                 # Every server process's CPU now: the workers' own backends are picked out at the
                 # end (by their sockets), apart from autovacuum, the checkpointer and the WAL writer.
                 server_before = server_processes(pg_pid)
     else:
-        before, server_before = Sample([], pg_pid), {}
+        before, server_before, since = Sample([], pg_pid), {}, None
     children = os.times().children_user + os.times().children_system
     watch.start()
     if insert is not None:
@@ -202,7 +211,8 @@ def drain(
     with connect(url) as conn:
         completed, elapsed = conn.execute(
             "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at))::float8 "
-            "FROM axa_history WHERE status = 'completed'"
+            "FROM axa_history WHERE status = 'completed' AND (created_at >= %s OR %s IS NULL)",
+            [since, since],
         ).fetchone()
         (left,) = conn.execute("SELECT count(*) FROM axa_queue WHERE status <> 'completed'").fetchone()
         (twice,) = conn.execute("SELECT count(*) FROM axa_history WHERE attempts <> 1").fetchone()
@@ -270,6 +280,12 @@ def main() -> None:
     )
     parser.add_argument("--waits", type=int, default=0, help="after each drain, the N commonest lock waits")
     parser.add_argument(
+        "--warm",
+        type=int,
+        default=0,
+        help="with --start-first: N jobs of the shape drained first and left out (a fleet that has run jobs before)",
+    )
+    parser.add_argument(
         "--schema-sql",
         default="",
         help="SQL run once on the migrated database before the drains: an experiment on the schema "
@@ -300,7 +316,14 @@ def main() -> None:
                 worker_args: list[str] | list[list[str]] = shlex.split(args.worker_args)
                 if per_queue:
                     worker_args = [[*shlex.split(args.worker_args), "--new-queue", f"q{n}"] for n in range(processes)]
-                run = drain(url, worker_args, processes, pg_pid, insert, args.statements, args.worker_root.resolve())
+                warm = None
+                if args.warm and args.start_first:
+                    kind, _, spec = shape.partition(":")
+                    spread = int(spec.split("x")[0]) if kind == "names" else 0  # names:NxR says its own count
+                    warm = rows(f"names:{spread}x{max(1, args.warm // spread)}" if spread else shape, args.warm)[0]
+                run = drain(
+                    url, worker_args, processes, pg_pid, insert, args.statements, args.worker_root.resolve(), warm
+                )
                 done = run["completed"]
                 label = f"{shape} per queue" if per_queue else shape
                 print(
