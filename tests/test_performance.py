@@ -225,7 +225,8 @@ def test_the_workers_connections_keep_the_claims_generic_plan():
 def test_the_dispatcher_and_the_finisher_prepare_their_statements_at_the_first_run():
     # Left to psycopg's threshold, each worker connection planned a claim and a finish five
     # times before preparing them (3 ms of server CPU each): 32 fresh worker processes
-    # planned them 192 times in a drain of 100,000 jobs, a third of their extra cost a job.
+    # planned each 192 times in a drain of 100,000 jobs: about half of what they cost a job above one
+    # process (benchmarks/results/pg15-prepare-at-once-ab.txt).
     claim = sql.compose(sql.CLAIM, ["tests.nothing_enqueues_this"], [], None)
     db = DispatcherConnection(Options.build(), Control(), Ledger())
     assert db.open_first()
