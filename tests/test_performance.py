@@ -231,12 +231,12 @@ def test_the_dispatcher_and_the_finisher_prepare_their_statements_at_the_first_r
     db = DispatcherConnection(Options.build(), Control(), Ledger())
     assert db.open_first()
     try:
-        assert db.execute(claim, {"worker": None, "limit": 4, "ahead": False}, binary=True) == []
-        prepared = (
-            "SELECT count(*) FROM pg_prepared_statements "
-            "WHERE statement LIKE '%%tests.nothing_enqueues_this%%' AND statement NOT LIKE '%%pg_prepared%%'"
-        )
-        assert db.execute(prepared, {}) == [(1,)]
+        assert db.execute(claim, {"worker": None, "limit": 4, "ahead": False}, binary=True, repeated=True) == []
+        # Only the claims: a statement prepared apart from its run lands in two transactions behind
+        # a transaction pooler, and the start-up's probe for one then failed instead of finding it.
+        assert db.execute("SELECT pg_backend_pid()", {})
+        prepared = "SELECT count(*), count(*) FILTER (WHERE statement LIKE '%%UPDATE ONLY axa_queue%%') FROM pg_prepared_statements"
+        assert db.execute(prepared, {}) == [(1, 1)]  # the claim, not the probe
     finally:
         db.close()
     with connect("default", "finisher") as conn, conn.cursor() as cursor:
@@ -257,7 +257,7 @@ def test_with_prepared_statements_off_the_worker_prepares_nothing(monkeypatch):
     assert db.open_first()
     try:
         for _ in range(8):
-            assert db.execute(claim, {"worker": None, "limit": 4, "ahead": False}, binary=True) == []
+            assert db.execute(claim, {"worker": None, "limit": 4, "ahead": False}, binary=True, repeated=True) == []
         assert db.execute("SELECT count(*) FROM pg_prepared_statements", {}) == [(0,)]
     finally:
         db.close()

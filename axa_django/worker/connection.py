@@ -216,6 +216,7 @@ class DispatcherConnection:
         binary: bool = False,
         in_place: bool = False,
         refusable: bool = False,
+        repeated: bool = False,
     ) -> list[tuple[Any, ...]] | None:
         """Run one dispatcher statement; on failure log, back off, return None.
 
@@ -226,6 +227,7 @@ class DispatcherConnection:
         the dispatcher's statements keep failing for a lease the worker stops (exit 1).
         ``in_place`` and ``refusable``: as the watchman's statements need them
         (heartbeat.Heartbeat._run says how); a refusal raised is not counted as failing.
+        ``repeated``: a claim, prepared at its first run.
         """
         try:
             if self._conn is None or self._conn.closed:
@@ -247,10 +249,12 @@ class DispatcherConnection:
                     cursor.execute(sql.TIMEOUTS, {"statement": STATEMENT_TIMEOUT, "lock": LOCK_TIMEOUT})
                 if in_place:
                     cursor.execute(refused.IN_PLACE)
-                # Prepared at once (where prepared statements are on): the dispatcher repeats
-                # each of its statements; left to psycopg's threshold, each was planned five
-                # times first (3 ms of server CPU each for a claim) in every worker process.
-                prepare = True if self._conn.prepare_threshold is not None else None
+                # ``repeated`` (the claims): prepared at once where prepared statements are on;
+                # left to psycopg's threshold, each worker connection planned a claim five times
+                # first (3 ms of server CPU each). Never the others: a statement prepared apart
+                # from its run lands in two transactions behind a transaction pooler, and the
+                # start-up's probe for one failed there instead of finding it (review).
+                prepare = True if repeated and self._conn.prepare_threshold is not None else None
                 cursor.execute(query, params, binary=binary, prepare=prepare)
                 rows = cursor.fetchall() if cursor.description else []
         except refused.OUTAGE as error:
@@ -265,6 +269,11 @@ class DispatcherConnection:
         except psycopg.Error as error:
             if refusable:
                 raise refused.Refused(error) from error
+            if isinstance(error, psycopg.errors.FeatureNotSupported):
+                # "cached plan must not change result type": a migration changed the type of a
+                # column a prepared claim returns, and psycopg keeps the statement, which then
+                # failed at every run until the worker stopped. A new connection prepares afresh.
+                self.close()
             now = time.monotonic()
             self._failing_since = self._failing_since or now
             logger.error("dispatcher statement failed (%s: %s); trying again shortly", type(error).__name__, error)
