@@ -1,0 +1,209 @@
+"""Statements prepared at their first run (claims, the finish) meeting DDL, errors, eviction and Django's connection.
+
+The tests after the first came from the adversarial review of that change (branch review-prepare).
+"""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+from django.db import connection, connections, transaction
+
+from axa_django import Job, sql
+from axa_django.execution import Outcome, finish
+from axa_django.testing import run_jobs
+from axa_django.worker import connect
+from axa_django.worker.connection import DispatcherConnection
+from axa_django.worker.control import Control
+from axa_django.worker.ledger import Ledger
+from axa_django.worker.options import Options
+from tests.conftest import AXA_APPS, wait_for
+from tests.testapp import jobs
+
+NAME = "tests.testapp.jobs.add"
+
+
+@pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
+@pytest.mark.parametrize("runs", [1, 6])
+def test_a_claim_goes_on_after_a_migration_changes_the_type_of_a_column_it_returns(runs: int) -> None:
+    # PostgreSQL fails a prepared statement whose result's types changed ("cached plan must
+    # not change result type") at every run, and psycopg keeps it: the dispatcher failed for
+    # a lease, then the worker stopped (exit 1). Found by the review of the claims prepared
+    # at their first run (runs=1; runs=6 failed the same way before, prepared at the 6th).
+    statement = sql.compose(sql.CLAIM_FULL, [NAME], [], None)
+    db = DispatcherConnection(Options.build(), Control(), Ledger())
+    assert db.open_first()
+    params = {"worker": None, "limit": 1, "ahead": False}
+    try:
+        for _ in range(runs):
+            assert db.execute(statement, params, binary=True, repeated=True) is not None
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE axa_queue ALTER COLUMN priority TYPE bigint")
+        job = jobs.add.perform_later(1, 2)
+        deadline = time.monotonic() + 30
+        rows = None
+        while rows is None and time.monotonic() < deadline:  # one failed run, then a new connection
+            rows = db.execute(statement, params, binary=True, repeated=True)
+        assert rows is not None, "the claim never worked again"
+        assert [(row[0], row[1]) for row in rows if row[0] is not None] == [(job.id, NAME)]
+    finally:
+        db.close()
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE axa_queue ALTER COLUMN priority TYPE integer")
+
+
+def _dispatcher() -> DispatcherConnection:
+    db = DispatcherConnection(Options.build(), Control(), Ledger())
+    assert db.open_first()
+    return db
+
+
+def _claim(db: DispatcherConnection, statement: str) -> list | None:
+    return db.execute(statement, {"worker": None, "limit": 1, "ahead": False}, binary=True, repeated=True)
+
+
+@pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
+def test_claims_and_finishes_go_on_through_ddl_that_keeps_their_result_types() -> None:
+    # Prepared at the first run, then: a column added (FINISH moves q.* through a CTE), an
+    # index dropped and made again, a fillfactor, a new history table: each statement is
+    # planned again, by name, and works.
+    statement = sql.compose(sql.CLAIM_FULL, [NAME], [], None)
+    db = _dispatcher()
+    fin = connect("default", "finisher")
+    try:
+        for step in (
+            "ALTER TABLE axa_queue ADD COLUMN review_extra int",
+            "ALTER TABLE axa_queue SET (fillfactor = 80)",
+            "CREATE INDEX review_idx ON axa_queue (name, priority)",
+            "DROP INDEX review_idx",
+            "ANALYZE axa_queue",
+            "ALTER TABLE axa_queue DROP COLUMN review_extra",
+        ):
+            job = jobs.add.perform_later(1, 2)
+            rows = _claim(db, statement)
+            assert rows is not None and [row[0] for row in rows if row[0] is not None] == [job.id], step
+            with fin.cursor() as cursor:
+                outcome = Outcome(id=job.id, name=NAME, attempt=1, status="completed", result="3")
+                assert finish(cursor, [outcome], None) == set(), step
+            assert Job.objects.get(id=job.id).status == "completed", step
+            with connection.cursor() as cursor:
+                cursor.execute(step)
+        prepared = fin.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0]
+        assert prepared >= 1
+    finally:
+        db.close()
+        fin.close()
+
+
+@pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
+def test_a_statement_cut_short_at_its_parse_is_prepared_again_at_its_next_run() -> None:
+    # A housekeeping statement (bounded: lock_timeout 1s) whose Parse waits for a lock a
+    # migration holds: Parse fails, and the next run must not take it as prepared.
+    db = _dispatcher()
+    query = "SELECT count(*) FROM ONLY axa_queue WHERE name = %(name)s"
+    try:
+        with psycopg.connect(**_params(), autocommit=False) as locker:
+            locker.execute("LOCK TABLE axa_queue IN ACCESS EXCLUSIVE MODE")
+            assert db.bounded(query, {"name": NAME}) is None  # the lock timeout, at Parse
+        assert db.bounded(query, {"name": NAME}) == [(0,)]
+        assert db.execute(query, {"name": NAME}) == [(0,)]
+        # The backend terminated under a prepared claim: the next run reconnects and prepares anew.
+        statement = sql.compose(sql.CLAIM_FULL, [NAME], [], None)
+        assert _claim(db, statement) is not None
+        pid = db.execute("SELECT pg_backend_pid()", {})[0][0]
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        wait_for(lambda: _claim(db, statement) is not None, what="a claim on a new connection")
+        assert db.opened == 2
+    finally:
+        db.close()
+
+
+def _params() -> dict:
+    params = connections["default"].get_connection_params()
+    for key in ("cursor_factory", "context", "server_side_binding", "prepare_threshold"):
+        params.pop(key, None)
+    return params
+
+
+@pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
+def test_more_statements_than_psycopg_keeps_prepared_evict_cleanly_in_and_out_of_transactions() -> None:
+    # Past prepared_max (100) distinct texts (names, lane keys), psycopg closes the oldest.
+    # Mixed: autocommit claims, bounded() ones (in a transaction), and bounded ones that
+    # fail (an aborted transaction, rolled back: psycopg then drops every prepared statement).
+    db = _dispatcher()
+    try:
+        statements = [sql.compose(sql.CLAIM_FULL, [f"tests.review_{i}"], [], None) for i in range(110)]
+        for i, statement in enumerate(statements):
+            if i % 3 == 0:
+                assert db.bounded(statement, {"worker": None, "limit": 1, "ahead": False}) is not None, i
+            elif i % 7 == 0:
+                assert db.bounded("SELECT 1/0 FROM ONLY axa_queue WHERE name = %(n)s OR true", {"n": str(i)}) is None
+            else:
+                assert _claim(db, statement) is not None, i
+        for statement in statements[:5] + statements[-5:]:  # evicted ones, and cached ones
+            assert _claim(db, statement) is not None
+        db._failing_since = None
+        conn = db.current()
+        kept = conn.execute("SELECT count(*) FROM pg_prepared_statements", prepare=False).fetchone()[0]
+        assert kept <= conn.prepared_max + 1, kept
+        jobs.add.perform_later(1, 2)
+        rows = _claim(db, sql.compose(sql.CLAIM_FULL, [NAME], [], None))
+        assert rows is not None and len([row for row in rows if row[0] is not None]) == 1
+    finally:
+        db.close()
+
+
+@pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
+@pytest.mark.parametrize("threshold", [0, 5])
+def test_run_jobs_on_a_django_connection_that_prepares_survives_savepoints_rollbacks_and_discard(
+    monkeypatch: pytest.MonkeyPatch, threshold: int
+) -> None:
+    # finish() prepares FINISH at once on the test's own connection when its OPTIONS set a
+    # prepare_threshold (with server-side binding; Django's default client-side cursor
+    # prepares nothing). A savepoint rolled back, a transaction rolled back, a DISCARD ALL:
+    # each must leave psycopg and the server agreeing on what is prepared.
+    options = connection.settings_dict.get("OPTIONS", {})
+    monkeypatch.setitem(
+        connection.settings_dict, "OPTIONS", {**options, "server_side_binding": True, "prepare_threshold": threshold}
+    )
+    connection.close()
+    try:
+        done = []
+        for round_ in range(3):
+            with transaction.atomic():
+                job = jobs.add.perform_later(round_, 1)
+                assert [a.status for a in run_jobs()] == ["completed"]
+                done.append(job.id)
+                with connection.cursor() as cursor:  # the path under review was taken: FINISH is prepared
+                    cursor.execute(
+                        "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+                        ["%INSERT INTO axa_history%"],
+                    )
+                    assert cursor.fetchone()[0] == 1
+                try:
+                    with transaction.atomic():  # a savepoint, rolled back after another FINISH
+                        other = jobs.add.perform_later(round_, 2)
+                        assert [a.status for a in run_jobs()] == ["completed"]
+                        raise RuntimeError("roll back")
+                except RuntimeError:
+                    pass
+                assert not Job.objects.filter(id=other.id).exists()
+            try:
+                with transaction.atomic():  # a whole transaction rolled back after FINISH
+                    jobs.add.perform_later(round_, 3)
+                    assert [a.status for a in run_jobs()] == ["completed"]
+                    raise RuntimeError("roll back")
+            except RuntimeError:
+                pass
+            with connection.cursor() as cursor:
+                cursor.execute("DISCARD ALL")  # a user's hook, a pooler's reset
+            job = jobs.add.perform_later(round_, 4)
+            assert [a.status for a in run_jobs()] == ["completed"]
+            done.append(job.id)
+        assert connection.connection.prepare_threshold == threshold
+        assert Job.objects.filter(id__in=done, status="completed").count() == len(done)
+    finally:
+        connection.close()
