@@ -69,13 +69,20 @@ def test_claims_and_finishes_go_on_through_ddl_that_keeps_their_result_types() -
     # Prepared at the first run, then: a column added (FINISH moves q.* through a CTE), an
     # index dropped and made again, a fillfactor, a new history table: each statement is
     # planned again, by name, and works.
+    # The table is the suite's: each change is undone (the fillfactor set to what it is).
     statement = sql.compose(sql.CLAIM_FULL, [NAME], [], None)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT option_value FROM pg_options_to_table((SELECT reloptions FROM pg_class "
+            "WHERE oid = 'axa_queue'::regclass)) WHERE option_name = 'fillfactor'"
+        )
+        (fillfactor,) = cursor.fetchone()
     db = _dispatcher()
     fin = connect("default", "finisher")
     try:
         for step in (
             "ALTER TABLE axa_queue ADD COLUMN review_extra int",
-            "ALTER TABLE axa_queue SET (fillfactor = 80)",
+            f"ALTER TABLE axa_queue SET (fillfactor = {int(fillfactor)})",
             "CREATE INDEX review_idx ON axa_queue (name, priority)",
             "DROP INDEX review_idx",
             "ANALYZE axa_queue",
@@ -95,6 +102,10 @@ def test_claims_and_finishes_go_on_through_ddl_that_keeps_their_result_types() -
     finally:
         db.close()
         fin.close()
+        with connection.cursor() as cursor:
+            cursor.execute("DROP INDEX IF EXISTS review_idx")
+            cursor.execute("ALTER TABLE axa_queue DROP COLUMN IF EXISTS review_extra")
+            cursor.execute(f"ALTER TABLE axa_queue SET (fillfactor = {int(fillfactor)})")
 
 
 @pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
