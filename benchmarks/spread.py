@@ -46,13 +46,14 @@ from benchmarks.run import base_url, connect, migrated_database, server_info  # 
 NAMES = 1000  # registered in every worker of every shape
 
 
-def rows(shape: str, jobs: int) -> tuple[str, int]:
-    """The INSERT that writes ``shape``'s ready rows, and how many."""
+def rows(shape: str, jobs: int, counted: bool = True) -> tuple[str, int]:
+    """The INSERT that writes ``shape``'s ready rows, and how many; ``counted`` False: ``jobs`` rows
+    even for names:NxR (which otherwise says its own count), spread over its N names alike."""
     kind, _, spec = shape.partition(":")
     if kind == "names":
         names, rows = (int(part) for part in spec.split("x"))
         values = f"'bench.spread' || (g % {names}), 0, 'default'"
-        jobs = names * rows
+        jobs = names * rows if counted else jobs
     elif kind == "priorities":
         values = f"'bench.spread0', g % {int(spec)}, 'default'"
     elif kind == "queues":
@@ -316,11 +317,7 @@ def main() -> None:
                 worker_args: list[str] | list[list[str]] = shlex.split(args.worker_args)
                 if per_queue:
                     worker_args = [[*shlex.split(args.worker_args), "--new-queue", f"q{n}"] for n in range(processes)]
-                warm = None
-                if args.warm and args.start_first:
-                    kind, _, spec = shape.partition(":")
-                    spread = int(spec.split("x")[0]) if kind == "names" else 0  # names:NxR says its own count
-                    warm = rows(f"names:{spread}x{max(1, args.warm // spread)}" if spread else shape, args.warm)[0]
+                warm = rows(shape, args.warm, counted=False)[0] if args.warm and args.start_first else None
                 run = drain(
                     url, worker_args, processes, pg_pid, insert, args.statements, args.worker_root.resolve(), warm
                 )

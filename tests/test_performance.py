@@ -1,19 +1,13 @@
 """What keeps the queue fast, checked for behaviour (figures live in benchmarks/)."""
 
 import re
-import uuid
 
 import psycopg
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 
 from axa_django import Job, sql, unhandled
-from axa_django.execution import Outcome, finish
 from axa_django.worker import Worker, connect
-from axa_django.worker.connection import DispatcherConnection
-from axa_django.worker.control import Control
-from axa_django.worker.ledger import Ledger
-from axa_django.worker.options import Options
 from tests.conftest import AXA_APPS, wait_for
 from tests.testapp import flow_jobs, jobs
 
@@ -219,56 +213,6 @@ def test_the_workers_connections_keep_the_claims_generic_plan():
             "WHERE statement LIKE '%tests.nothing_enqueues_this%'"
         ).fetchone()
     assert (custom, generic) == (0, 7)
-
-
-@pytest.mark.django_db(transaction=True)
-def test_the_dispatcher_and_the_finisher_prepare_their_statements_at_the_first_run():
-    # Left to psycopg's threshold, each worker connection planned a claim and a finish five
-    # times before preparing them (3 ms of server CPU each): 32 fresh worker processes
-    # planned each 192 times in a drain of 100,000 jobs: about half of what they cost a job above one
-    # process (benchmarks/results/pg15-prepare-at-once-ab.txt).
-    claim = sql.compose(sql.CLAIM, ["tests.nothing_enqueues_this"], [], None)
-    db = DispatcherConnection(Options.build(), Control(), Ledger())
-    assert db.open_first()
-    try:
-        assert db.execute(claim, {"worker": None, "limit": 4, "ahead": False}, binary=True, repeated=True) == []
-        # Only the claims: a statement prepared apart from its run lands in two transactions behind
-        # a transaction pooler, and the start-up's probe for one then failed instead of finding it.
-        assert db.execute("SELECT pg_backend_pid()", {})
-        prepared = "SELECT count(*), count(*) FILTER (WHERE statement LIKE '%%UPDATE ONLY axa_queue%%') FROM pg_prepared_statements"
-        assert db.execute(prepared, {}) == [(1, 1)]  # the claim, not the probe
-    finally:
-        db.close()
-    with connect("default", "finisher") as conn, conn.cursor() as cursor:
-        gone = uuid.uuid4()
-        assert finish(
-            cursor, [Outcome(id=gone, name="tests.nothing", attempt=1, status="completed", result="null")], None
-        ) == {gone}
-        prepared = "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%INSERT INTO axa_history%'"
-        assert conn.execute(prepared).fetchone() == (1,)
-
-
-@pytest.mark.django_db(transaction=True)
-def test_with_prepared_statements_off_the_worker_prepares_nothing(monkeypatch):
-    options = connections["default"].settings_dict.get("OPTIONS", {})
-    monkeypatch.setitem(connections["default"].settings_dict, "OPTIONS", {**options, "prepare_threshold": None})
-    claim = sql.compose(sql.CLAIM, ["tests.nothing_enqueues_this"], [], None)
-    db = DispatcherConnection(Options.build(), Control(), Ledger())
-    assert db.open_first()
-    try:
-        for _ in range(8):
-            assert db.execute(claim, {"worker": None, "limit": 4, "ahead": False}, binary=True, repeated=True) == []
-        assert db.execute("SELECT count(*) FROM pg_prepared_statements", {}) == [(0,)]
-    finally:
-        db.close()
-    with connect("default", "finisher") as conn, conn.cursor() as cursor:
-        for _ in range(8):
-            finish(
-                cursor,
-                [Outcome(id=uuid.uuid4(), name="tests.nothing", attempt=1, status="completed", result="null")],
-                None,
-            )
-        assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone() == (0,)
 
 
 def test_the_workers_statements_are_never_jit_compiled():

@@ -6,6 +6,7 @@ The tests after the first came from the adversarial review of that change (branc
 from __future__ import annotations
 
 import time
+import uuid
 
 import psycopg
 import pytest
@@ -25,6 +26,16 @@ from tests.testapp import jobs
 NAME = "tests.testapp.jobs.add"
 
 
+def _dispatcher() -> DispatcherConnection:
+    db = DispatcherConnection(Options.build(), Control(), Ledger())
+    assert db.open_first()
+    return db
+
+
+def _claim(db: DispatcherConnection, statement: str) -> list | None:
+    return db.execute(statement, {"worker": None, "limit": 1, "ahead": False}, binary=True, repeated=True)
+
+
 @pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 @pytest.mark.parametrize("runs", [1, 6])
 def test_a_claim_goes_on_after_a_migration_changes_the_type_of_a_column_it_returns(runs: int) -> None:
@@ -33,8 +44,7 @@ def test_a_claim_goes_on_after_a_migration_changes_the_type_of_a_column_it_retur
     # a lease, then the worker stopped (exit 1). Found by the review of the claims prepared
     # at their first run (runs=1; runs=6 failed the same way before, prepared at the 6th).
     statement = sql.compose(sql.CLAIM_FULL, [NAME], [], None)
-    db = DispatcherConnection(Options.build(), Control(), Ledger())
-    assert db.open_first()
+    db = _dispatcher()
     params = {"worker": None, "limit": 1, "ahead": False}
     try:
         for _ in range(runs):
@@ -54,14 +64,52 @@ def test_a_claim_goes_on_after_a_migration_changes_the_type_of_a_column_it_retur
             cursor.execute("ALTER TABLE axa_queue ALTER COLUMN priority TYPE integer")
 
 
-def _dispatcher() -> DispatcherConnection:
-    db = DispatcherConnection(Options.build(), Control(), Ledger())
-    assert db.open_first()
-    return db
+@pytest.mark.django_db(transaction=True)
+def test_the_dispatcher_and_the_finisher_prepare_their_statements_at_the_first_run():
+    # Left to psycopg's threshold, each worker connection planned a claim and a finish five
+    # times before preparing them (3 ms of server CPU each): 32 fresh worker processes
+    # planned each 192 times in a drain of 100,000 jobs: about half of what they cost a job above one
+    # process (benchmarks/results/pg15-prepare-at-once-ab.txt).
+    claim = sql.compose(sql.CLAIM, ["tests.nothing_enqueues_this"], [], None)
+    db = _dispatcher()
+    try:
+        assert db.execute(claim, {"worker": None, "limit": 4, "ahead": False}, binary=True, repeated=True) == []
+        # Only the claims: a statement prepared apart from its run lands in two transactions behind
+        # a transaction pooler, and the start-up's probe for one then failed instead of finding it.
+        assert db.execute("SELECT pg_backend_pid()", {})
+        prepared = "SELECT count(*), count(*) FILTER (WHERE statement LIKE '%%UPDATE ONLY axa_queue%%') FROM pg_prepared_statements"
+        assert db.execute(prepared, {}) == [(1, 1)]  # the claim, not the probe
+    finally:
+        db.close()
+    with connect("default", "finisher") as conn, conn.cursor() as cursor:
+        gone = uuid.uuid4()
+        assert finish(
+            cursor, [Outcome(id=gone, name="tests.nothing", attempt=1, status="completed", result="null")], None
+        ) == {gone}
+        prepared = "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%INSERT INTO axa_history%'"
+        assert conn.execute(prepared).fetchone() == (1,)
 
 
-def _claim(db: DispatcherConnection, statement: str) -> list | None:
-    return db.execute(statement, {"worker": None, "limit": 1, "ahead": False}, binary=True, repeated=True)
+@pytest.mark.django_db(transaction=True)
+def test_with_prepared_statements_off_the_worker_prepares_nothing(monkeypatch):
+    options = connections["default"].settings_dict.get("OPTIONS", {})
+    monkeypatch.setitem(connections["default"].settings_dict, "OPTIONS", {**options, "prepare_threshold": None})
+    claim = sql.compose(sql.CLAIM, ["tests.nothing_enqueues_this"], [], None)
+    db = _dispatcher()
+    try:
+        for _ in range(8):
+            assert db.execute(claim, {"worker": None, "limit": 4, "ahead": False}, binary=True, repeated=True) == []
+        assert db.execute("SELECT count(*) FROM pg_prepared_statements", {}) == [(0,)]
+    finally:
+        db.close()
+    with connect("default", "finisher") as conn, conn.cursor() as cursor:
+        for _ in range(8):
+            finish(
+                cursor,
+                [Outcome(id=uuid.uuid4(), name="tests.nothing", attempt=1, status="completed", result="null")],
+                None,
+            )
+        assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone() == (0,)
 
 
 @pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
