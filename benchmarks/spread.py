@@ -131,6 +131,13 @@ def server_processes(pg_pid: int) -> dict[int, float]:
     return {pid: cpu for pid in children if (cpu := process_cpu(pid)) is not None}
 
 
+def perf(fifo: str, command: str) -> None:
+    """Tell ``perf record -D -1 --control fifo:FIFO`` to start or stop sampling (the drain's window alone)."""
+    if fifo:
+        with open(fifo, "w") as ctl:
+            ctl.write(command + "\n")
+
+
 def drain(
     url: str,
     worker_args: list[str] | list[list[str]],
@@ -140,6 +147,7 @@ def drain(
     statements: int = 0,
     root: Path = ROOT,
     warm: str | None = None,
+    perf_ctl: str = "",
 ) -> dict[str, Any]:
     """``processes`` workers on the rows: seconds from the first job's start to the last one's end,
     the workers' CPU and the server's, the jobs completed, lock waits per sample and the most
@@ -180,6 +188,7 @@ def drain(
                 total = conn.execute("SELECT count(*) FROM ONLY axa_queue").fetchone()[0] + warmed
                 (wal_before,) = conn.execute("SELECT pg_current_wal_lsn()").fetchone()
                 before = Sample(pids, pg_pid)
+                perf(perf_ctl, "enable")
                 # Every server process's CPU now: the workers' own backends are picked out at the
                 # end (by their sockets), apart from autovacuum, the checkpointer and the WAL writer.
                 server_before = server_processes(pg_pid)
@@ -193,6 +202,7 @@ def drain(
             wait_until(lambda: conn.execute(done).fetchone()[0] >= total, 1800, "every job", step=0.02)
             (wal,) = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)::float8", [wal_before]).fetchone()
         after = Sample(pids, pg_pid)
+        perf(perf_ctl, "disable")
         with connect(url) as conn:
             ports = sorted(local_ports(pids))
             found = conn.execute("SELECT pid FROM pg_stat_activity WHERE client_port = ANY(%s)", [ports])
@@ -292,6 +302,11 @@ def main() -> None:
         help="SQL run once on the migrated database before the drains: an experiment on the schema "
         "(say what it was beside its figures)",
     )
+    parser.add_argument(
+        "--perf-ctl",
+        default="",
+        help="with --start-first: the FIFO of `perf record -D -1 --control fifo:FIFO`, sampling each drain alone",
+    )
     args = parser.parse_args()
     base = base_url()
     url = migrated_database(base, args.db)
@@ -319,7 +334,15 @@ def main() -> None:
                     worker_args = [[*shlex.split(args.worker_args), "--new-queue", f"q{n}"] for n in range(processes)]
                 warm = rows(shape, args.warm, counted=False)[0] if args.warm and args.start_first else None
                 run = drain(
-                    url, worker_args, processes, pg_pid, insert, args.statements, args.worker_root.resolve(), warm
+                    url,
+                    worker_args,
+                    processes,
+                    pg_pid,
+                    insert,
+                    args.statements,
+                    args.worker_root.resolve(),
+                    warm,
+                    args.perf_ctl,
                 )
                 done = run["completed"]
                 label = f"{shape} per queue" if per_queue else shape
