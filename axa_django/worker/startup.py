@@ -21,6 +21,9 @@ logger = logging.getLogger("axa_django")
 NOTIFY_PROBE_SECONDS = 2.0
 # Tries of the pooler check, three statements each: nine round trips where there is no pooler.
 POOLER_TRIES = 3
+# Run unprepared on both connections: behind a transaction pooler a statement prepared in
+# one transaction runs in another, and failed instead of telling.
+BACKEND_PID = "SELECT pg_backend_pid()"
 
 
 def check_tables(db: DispatcherConnection, options: Options, control: Control) -> None:
@@ -110,38 +113,37 @@ def pooled(db: DispatcherConnection, probe: psycopg.Connection[Any]) -> str | No
     is its own for life otherwise, so only pids read while both connections stayed the
     same are compared.
     """
-    conn: psycopg.Connection[Any] | None = None
+    opened = db.opened
     mine: set[int] = set()
     theirs: set[int] = set()
-    for _ in range(POOLER_TRIES):
-        if db.current() is None:
-            db.execute("SELECT 1", {})  # reopened after an outage, as by the dispatcher's next statement
-        if db.current() is not conn:
-            # A new connection has a new backend, whose pid may be one the outage freed: the
-            # probe's, read before it. Pids are compared only among reads of these two connections.
-            conn, mine, theirs = db.current(), set(), set()
-        if conn is None:
-            return None
-        # The dispatcher's twice in a row: two connections taking turns on a pool that hands
-        # out its servers in turn (server_round_robin) each got a server of their own at each turn.
-        for source, pids in ((conn, mine), (conn, mine), (probe, theirs)):
+    # The dispatcher's twice in a row: two connections taking turns on a pool that hands
+    # out its servers in turn (server_round_robin) each got a server of their own at each turn.
+    for reader in ("dispatcher", "dispatcher", "probe") * POOLER_TRIES:
+        if reader == "probe":
             try:
-                pids.add(backend_pid(source))
+                theirs.add(backend_pid(probe))
             except psycopg.Error:
-                if source is probe:
-                    return None
-                break  # the next try reopens the dispatcher's connection if the error closed it
-            if len(mine) > 1 or len(theirs) > 1:
-                return "one of this worker's connections was served by one PostgreSQL backend, then by another"
-            if mine & theirs:
-                return "two of this worker's connections were served by one PostgreSQL backend"
+                return None
+        else:
+            # An error is said and waited out by the dispatcher, which reconnects at its next
+            # statement if it lost the database, as it did for the check's reads before.
+            rows = db.execute(BACKEND_PID, {}, unprepared=True)
+            if db.opened != opened:
+                # A new connection has a new backend, whose pid may be one the outage freed:
+                # the probe's, read before it. The reads before it are compared with nothing.
+                opened, mine, theirs = db.opened, set(), set()
+            if not rows:
+                continue
+            mine.add(rows[0][0])
+        if len(mine) > 1 or len(theirs) > 1:
+            return "one of this worker's connections was served by one PostgreSQL backend, then by another"
+        if mine & theirs:
+            return "two of this worker's connections were served by one PostgreSQL backend"
     return None
 
 
 def backend_pid(conn: psycopg.Connection[Any]) -> int:
-    # Never prepared, whatever the connection's threshold: behind a transaction pooler a
-    # statement prepared in one transaction runs in another, and failed instead of telling.
-    [(pid,)] = conn.execute("SELECT pg_backend_pid()", prepare=False).fetchall()
+    [(pid,)] = conn.execute(BACKEND_PID, prepare=False).fetchall()
     return int(pid)
 
 
