@@ -231,15 +231,18 @@ def workers() -> Iterator[Workers]:
 
 
 @pytest.fixture
-def pgbouncer() -> Iterator[Callable[[str], PgBouncer]]:
-    """Start a PgBouncer in front of the test database: ``pgbouncer("transaction")`` or ``("session")``."""
+def pgbouncer() -> Iterator[Callable[..., PgBouncer]]:
+    """Start a PgBouncer in front of the test database: ``pgbouncer("transaction")`` or ``("session")``.
+
+    Keywords go to ``PgBouncer`` (``pool_size``, ``round_robin``).
+    """
     reason = pgbouncer_missing()
     if reason:
         pytest.skip(reason)
     started: list[PgBouncer] = []
 
-    def start(mode: str) -> PgBouncer:
-        bouncer = PgBouncer(connection.settings_dict, mode)
+    def start(mode: str, **options: Any) -> PgBouncer:
+        bouncer = PgBouncer(connection.settings_dict, mode, **options)
         started.append(bouncer)
         return bouncer.start()
 

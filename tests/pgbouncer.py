@@ -64,11 +64,20 @@ class PgBouncer:
     in with its USER and PASSWORD and reach any database name on that server.
     """
 
-    def __init__(self, settings: dict[str, Any], mode: str = "transaction", pool_size: int = POOL_SIZE) -> None:
+    def __init__(
+        self,
+        settings: dict[str, Any],
+        mode: str = "transaction",
+        pool_size: int = POOL_SIZE,
+        round_robin: bool = False,
+    ) -> None:
         if mode not in ("transaction", "session"):
             raise ValueError(f"pool mode must be 'transaction' or 'session', not {mode!r}")
         self.mode = mode
         self.pool_size = pool_size
+        # Idle server connections are handed out first in, first out instead of last in, first
+        # out: sequential transactions then take the pool's servers in turn, as a busy pool would.
+        self.round_robin = round_robin
         self.host = settings["HOST"] or "/var/run/postgresql"
         self.server_port = int(settings["PORT"] or 5432)
         self.user = settings["USER"] or "postgres"
@@ -124,6 +133,7 @@ class PgBouncer:
                     f"admin_users = {self.user}",
                     f"pool_mode = {self.mode}",
                     f"default_pool_size = {self.pool_size}",
+                    f"server_round_robin = {int(self.round_robin)}",
                     "max_client_conn = 500",
                     # Session state a client leaves is wiped only when it disconnects, and only in session mode.
                     "server_reset_query = DISCARD ALL",

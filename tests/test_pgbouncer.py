@@ -26,7 +26,7 @@ from tests.testapp import jobs, pooler_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
-Start = Callable[[str], PgBouncer]
+Start = Callable[..., PgBouncer]
 
 
 def worker_env(workers: Workers, bouncer: PgBouncer, **extra: str) -> dict[str, str]:
@@ -114,6 +114,54 @@ def test_transaction_pool_with_prepared_statements_refuses_to_start(
     assert "PgBouncer" in output and "TRANSACTION_POOLING" in output, output
     assert Job.objects.filter(status="queued", attempts=0).count() == 50
     assert Path(log_file).read_text() == ""
+
+
+def rotating_pool(pgbouncer: Start, servers: int) -> PgBouncer:
+    """A transaction pool whose ``servers`` server connections take sequential transactions in turn.
+
+    So a busy pool hands a client's transactions to whichever server is free, here
+    deterministically: two connections alternating statements never meet on one backend.
+    """
+    bouncer = pgbouncer("transaction", pool_size=servers, round_robin=True)
+    name = connection.settings_dict["NAME"]
+    with ExitStack() as stack:
+        clients = [stack.enter_context(bouncer.connect(name)) for _ in range(servers)]
+        for conn in clients:
+            conn.execute("SELECT 1")  # a client in a transaction holds a server of its own
+    assert [row[3] for row in bouncer.admin("SHOW SERVERS") if row[2] == name] == ["idle"] * servers
+    with bouncer.connect(name, autocommit=True) as one, bouncer.connect(name, autocommit=True) as other:
+        pids = [conn.execute("SELECT pg_backend_pid()").fetchone() for _ in range(3) for conn in (one, other)]
+    assert not [pair for pair in zip(pids[::2], pids[1::2], strict=True) if pair[0] == pair[1]], pids
+    return bouncer
+
+
+@pytest.mark.parametrize("servers", [2, 3])
+def test_transaction_pool_taking_turns_with_prepared_statements_refuses_to_start(
+    pgbouncer: Start, workers: Workers, log_file: str, servers: int
+) -> None:
+    # The check that only compared the pids of two connections let the worker start here, and its
+    # prepared claims failed ("prepared statement does not exist"): one connection's own backend
+    # changing between its transactions is what gives the pool away.
+    bouncer = rotating_pool(pgbouncer, servers)
+    jobs.record.perform_later_many([{"token": f"t{i}", "log": log_file} for i in range(50)])
+    proc = workers.start("--burst", "--concurrency", "4", env=worker_env(workers, bouncer))
+    code, output = finish(proc)
+    assert code == 2, output
+    assert "PgBouncer" in output and "TRANSACTION_POOLING" in output, output
+    assert "served by one PostgreSQL backend, then by another" in output, output
+    assert Job.objects.filter(status="queued", attempts=0).count() == 50
+    assert Path(log_file).read_text() == ""
+
+
+def test_transaction_pool_taking_turns_with_notify_warns_and_polls(
+    pgbouncer: Start, workers: Workers, log_file: str
+) -> None:
+    env = worker_env(workers, rotating_pool(pgbouncer, 3), AXA_TEST_PREPARE="none")
+    jobs.record.perform_later_many([{"token": f"t{i}", "log": log_file} for i in range(20)])
+    code, output = finish(workers.start("--burst", "--concurrency", "4", env=env))
+    assert code == 0, output
+    assert Job.objects.filter(status="completed").count() == 20
+    assert "reached through a pooler in transaction mode" in output, output
 
 
 def test_transaction_pool_with_notify_warns_and_polls(pgbouncer: Start, workers: Workers, log_file: str) -> None:

@@ -217,6 +217,7 @@ class DispatcherConnection:
         in_place: bool = False,
         refusable: bool = False,
         repeated: bool = False,
+        unprepared: bool = False,
     ) -> list[tuple[Any, ...]] | None:
         """Run one dispatcher statement; on failure log, back off, return None.
 
@@ -227,7 +228,8 @@ class DispatcherConnection:
         the dispatcher's statements keep failing for a lease the worker stops (exit 1).
         ``in_place`` and ``refusable``: as the watchman's statements need them
         (heartbeat.Heartbeat._run says how); a refusal raised is not counted as failing.
-        ``repeated``: a claim, prepared at its first run.
+        ``repeated``: a claim, prepared at its first run. ``unprepared``: never prepared,
+        however often it runs (the start-up's pooler check).
         """
         try:
             if self._conn is None or self._conn.closed:
@@ -255,6 +257,8 @@ class DispatcherConnection:
                 # from its run lands in two transactions behind a transaction pooler, and the
                 # start-up's probe for one failed there instead of finding it (review).
                 prepare = True if repeated and self._conn.prepare_threshold is not None else None
+                if unprepared:
+                    prepare = False
                 cursor.execute(query, params, binary=binary, prepare=prepare)
                 rows = cursor.fetchall() if cursor.description else []
         except refused.OUTAGE as error:

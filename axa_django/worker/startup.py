@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import psycopg
 from django.db import InterfaceError, OperationalError, connections
@@ -18,6 +19,11 @@ logger = logging.getLogger("axa_django")
 
 # How long the start-up round trip through the listener may take before we poll.
 NOTIFY_PROBE_SECONDS = 2.0
+# Tries of the pooler check, three statements each: nine round trips where there is no pooler.
+POOLER_TRIES = 3
+# Run unprepared on both connections: behind a transaction pooler a statement prepared in
+# one transaction runs in another, and failed instead of telling.
+BACKEND_PID = "SELECT pg_backend_pid()"
 
 
 def check_tables(db: DispatcherConnection, options: Options, control: Control) -> None:
@@ -61,9 +67,10 @@ def missing_migrations(using: str, control: Control) -> list[str]:
 def check_pooler(db: DispatcherConnection, options: Options, listener: Listener) -> None:
     """Refuse, or fall back from, what a transaction pooler (PgBouncer) breaks.
 
-    Two connections of one process served by the same server backend can only
-    mean a pooler handing out backends per transaction: prepared statements and
-    LISTEN then land on whichever backend the pooler picked.
+    Two connections of one process served by the same server backend, or one connection
+    served by one backend and then another, can only mean a pooler handing out backends
+    per transaction: prepared statements and LISTEN then land on whichever backend the
+    pooler picked.
     """
     if options.pooling:
         return
@@ -71,29 +78,20 @@ def check_pooler(db: DispatcherConnection, options: Options, listener: Listener)
         probe = connect(options.using, "probe")
     except psycopg.OperationalError:
         return
-    shared = False
     try:
-        for _ in range(3):
-            mine = db.execute("SELECT pg_backend_pid()", {})
-            theirs = probe.execute("SELECT pg_backend_pid()").fetchone()
-            if mine and theirs and mine[0][0] == theirs[0]:
-                shared = True
-                break
-    except psycopg.Error:
-        pass
+        seen = pooled(db, probe)
     finally:
         close(probe)
-    if not shared:
+    if seen is None:
         return
     alias = options.using
     if prepare_threshold(alias) is not None:
         db.close()
         raise PoolerMisconfigured(
             f"database {alias!r} is reached through a pooler in transaction mode (PgBouncer's pool_mode = "
-            "transaction): two of this worker's connections were served by one PostgreSQL backend. There the "
-            "worker's prepared statements fail and jobs run twice, so it stops before claiming any. Set "
-            "AXA_DJANGO['TRANSACTION_POOLING'] = True (no prepared statements, no LISTEN), or connect the "
-            "worker to PostgreSQL directly or through a session-mode pool."
+            f"transaction): {seen}. There the worker's prepared statements fail and jobs run twice, so it "
+            "stops before claiming any. Set AXA_DJANGO['TRANSACTION_POOLING'] = True (no prepared statements, "
+            "no LISTEN), or connect the worker to PostgreSQL directly or through a session-mode pool."
         )
     if listener.enabled:
         logger.warning(
@@ -104,6 +102,49 @@ def check_pooler(db: DispatcherConnection, options: Options, listener: Listener)
             options.poll_interval,
         )
         listener.poll_instead()
+
+
+def pooled(db: DispatcherConnection, probe: psycopg.Connection[Any]) -> str | None:
+    """What the backends serving the dispatcher's connection and ``probe`` give away of a transaction pooler.
+
+    Behind a busy pool the two rarely meet on one backend: the pooler hands each
+    transaction (each autocommit statement) to whichever server connection is free, so
+    each of them moving from backend to backend is the surer sign. A connection's backend
+    is its own for life otherwise, so only pids read while both connections stayed the
+    same are compared.
+    """
+    opened = db.opened
+    mine: set[int] = set()
+    theirs: set[int] = set()
+    # The dispatcher's twice in a row: two connections taking turns on a pool that hands
+    # out its servers in turn (server_round_robin) each got a server of their own at each turn.
+    for reader in ("dispatcher", "dispatcher", "probe") * POOLER_TRIES:
+        if reader == "probe":
+            try:
+                theirs.add(backend_pid(probe))
+            except psycopg.Error:
+                return None
+        else:
+            # An error is said and waited out by the dispatcher, which reconnects at its next
+            # statement if it lost the database, as it did for the check's reads before.
+            rows = db.execute(BACKEND_PID, {}, unprepared=True)
+            if db.opened != opened:
+                # A new connection has a new backend, whose pid may be one the outage freed:
+                # the probe's, read before it. The reads before it are compared with nothing.
+                opened, mine, theirs = db.opened, set(), set()
+            if not rows:
+                continue
+            mine.add(rows[0][0])
+        if len(mine) > 1 or len(theirs) > 1:
+            return "one of this worker's connections was served by one PostgreSQL backend, then by another"
+        if mine & theirs:
+            return "two of this worker's connections were served by one PostgreSQL backend"
+    return None
+
+
+def backend_pid(conn: psycopg.Connection[Any]) -> int:
+    [(pid,)] = conn.execute(BACKEND_PID, prepare=False).fetchall()
+    return int(pid)
 
 
 def check_notify(db: DispatcherConnection, options: Options, listener: Listener) -> None:
