@@ -13,6 +13,7 @@ import pytest
 from django.db import connection, connections, transaction
 
 from axa_django import Job, sql
+from axa_django.exceptions import PoolerMisconfigured
 from axa_django.execution import Outcome, finish
 from axa_django.testing import run_jobs
 from axa_django.worker import connect
@@ -266,3 +267,25 @@ def test_run_jobs_on_a_django_connection_that_prepares_survives_savepoints_rollb
         assert Job.objects.filter(id__in=done, status="completed").count() == len(done)
     finally:
         connection.close()
+
+
+@pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
+def test_a_claim_whose_prepared_statement_vanished_stops_the_worker_naming_the_pooler() -> None:
+    # Behind a transaction pooler the start-up's check missed, the claim's prepared statement
+    # is not on the backend the next transaction gets: "prepared statement does not exist" at
+    # most claims, and the worker never stopped (found with a PgBouncer in transaction mode
+    # handing out its servers in turn). The statement dropped on the server stands in for that
+    # backend: psycopg still believes it prepared.
+    claim = sql.compose(sql.CLAIM, ["tests.nothing_enqueues_this"], [], None)
+    db = _dispatcher()
+    try:
+        assert _claim(db, claim) == []
+        conn = db.current()
+        assert conn is not None
+        [(name,)] = conn.execute("SELECT name FROM pg_prepared_statements WHERE statement LIKE '%%axa_queue%%'")
+        conn.execute(f'DEALLOCATE "{name}"')
+        with pytest.raises(PoolerMisconfigured, match=r"pool_mode = transaction.*TRANSACTION_POOLING"):
+            _claim(db, claim)
+        assert db.current() is None, "the connection that lost its statement is closed"
+    finally:
+        db.close()

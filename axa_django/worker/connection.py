@@ -11,7 +11,7 @@ import psycopg
 from django.db import connections
 
 from .. import conf, sql
-from ..exceptions import CannotConnect
+from ..exceptions import CannotConnect, PoolerMisconfigured
 from ..execution import dberrors
 from ..sql import refused
 from .control import Control
@@ -124,6 +124,16 @@ def close(conn: psycopg.Connection[Any] | None) -> None:
 
 # A statement or lock timeout: OperationalErrors of a connection that still works.
 _CUT_SHORT = (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable)
+
+
+# Said when a prepared statement vanished from under the dispatcher (``execute``).
+POOLER_FOUND_LATE = (
+    "database {alias!r}: the dispatcher's prepared statement vanished from its connection ({error}): a "
+    "pooler in transaction mode (PgBouncer's pool_mode = transaction) hands each transaction to another "
+    "PostgreSQL backend. There claims fail and jobs run twice, so the worker stops. Set "
+    "AXA_DJANGO['TRANSACTION_POOLING'] = True, or connect the worker to PostgreSQL directly or through a "
+    "session-mode pool."
+)
 
 
 class DispatcherConnection:
@@ -273,6 +283,13 @@ class DispatcherConnection:
         except psycopg.Error as error:
             if refusable:
                 raise refused.Refused(error) from error
+            if isinstance(error, psycopg.errors.InvalidSqlStatementName):
+                # "prepared statement does not exist" on the connection that prepared it: a pooler
+                # handing each transaction to another backend, which the start-up's check missed.
+                # Claims there fail or land twice; retried, they failed for good, the worker never
+                # stopping (its other statements succeeded between them).
+                self.close()
+                raise PoolerMisconfigured(POOLER_FOUND_LATE.format(alias=self.options.using, error=error)) from error
             if isinstance(error, psycopg.errors.FeatureNotSupported):
                 # "cached plan must not change result type": a migration changed the type of a
                 # column a prepared claim returns, and psycopg keeps the statement, which then
