@@ -66,7 +66,7 @@ def connect(using: str, purpose: str) -> psycopg.Connection[Any]:
     global _opened
     _opened += 1
     if params["prepare_threshold"] is None:
-        read_only = conn.execute(f"SELECT {dberrors.READ_ONLY}").fetchone()
+        read_only = conn.execute(f"SELECT {dberrors.READ_ONLY}", prepare=False).fetchone()
     else:
         # With a large history PostgreSQL's choice between plans goes to custom plans,
         # re-planning the claim at every call for the same plan; ours are good generic.
@@ -90,6 +90,10 @@ def connect(using: str, purpose: str) -> psycopg.Connection[Any]:
             "set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false), "
             f"set_config('jit', 'off', false), {dberrors.READ_ONLY}",
             [f"{idle}ms"],
+            # Once a connection: prepared (at prepare_threshold 0), its Parse and its run landed in
+            # two transactions behind a transaction pooler, and the worker failed before its check
+            # for one could say so (review).
+            prepare=False,
         ).fetchone()
     if read_only is not None and read_only[-1]:
         # A standby (no target_session_attrs=read-write, or the primary gone): every write,

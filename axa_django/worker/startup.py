@@ -74,10 +74,13 @@ def check_pooler(db: DispatcherConnection, options: Options, listener: Listener)
     """
     if options.pooling:
         return
+    probe: psycopg.Connection[Any] | None
     try:
         probe = connect(options.using, "probe")
     except psycopg.OperationalError:
-        return
+        # A pool refusing one more client (max_client_conn, a database paused): the dispatcher's
+        # own reads may still give it away, and were skipped with the probe (review).
+        probe = None
     try:
         seen = pooled(db, probe)
     finally:
@@ -104,14 +107,14 @@ def check_pooler(db: DispatcherConnection, options: Options, listener: Listener)
         listener.poll_instead()
 
 
-def pooled(db: DispatcherConnection, probe: psycopg.Connection[Any]) -> str | None:
+def pooled(db: DispatcherConnection, probe: psycopg.Connection[Any] | None) -> str | None:
     """What the backends serving the dispatcher's connection and ``probe`` give away of a transaction pooler.
 
     Behind a busy pool the two rarely meet on one backend: the pooler hands each
     transaction (each autocommit statement) to whichever server connection is free, so
     each of them moving from backend to backend is the surer sign. A connection's backend
     is its own for life otherwise, so only pids read while both connections stayed the
-    same are compared.
+    same are compared. Without ``probe`` (it could not connect, or failed), the dispatcher's alone.
     """
     opened = db.opened
     mine: set[int] = set()
@@ -120,10 +123,13 @@ def pooled(db: DispatcherConnection, probe: psycopg.Connection[Any]) -> str | No
     # out its servers in turn (server_round_robin) each got a server of their own at each turn.
     for reader in ("dispatcher", "dispatcher", "probe") * POOLER_TRIES:
         if reader == "probe":
+            if probe is None:
+                continue
             try:
                 theirs.add(backend_pid(probe))
             except psycopg.Error:
-                return None
+                probe, theirs = None, set()
+                continue
         else:
             # An error is said and waited out by the dispatcher, which reconnects at its next
             # statement if it lost the database, as it did for the check's reads before.
