@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -15,6 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 import psycopg
+import pytest
 
 BINARY = os.environ.get("AXA_TEST_PGBOUNCER", "/usr/sbin/pgbouncer")
 POOL_SIZE = 8
@@ -97,6 +99,14 @@ class PgBouncer:
         kwargs.setdefault("prepare_threshold", None)
         kwargs.setdefault("connect_timeout", 10)
         return psycopg.connect(self.url(dbname), **kwargs)
+
+    def open_servers(self, dbname: str, count: int) -> None:
+        """Have the pool open ``count`` server connections to ``dbname`` (a client in a transaction holds one each)."""
+        with contextlib.ExitStack() as stack:
+            # Each leaves with a commit: a client closed inside its transaction has its server closed too.
+            clients = [stack.enter_context(self.connect(dbname)) for _ in range(count)]
+            for conn in clients:
+                conn.execute("SELECT 1")
 
     def admin(self, command: str) -> list[tuple[Any, ...]]:
         """Run one command on the admin console (``SHOW POOLS``); it speaks only the simple protocol."""
@@ -202,3 +212,14 @@ class PgBouncer:
             self.proc = None
         if remove:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str]:
+    """Wait for a worker to exit; return its exit code and output."""
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        output, _ = proc.communicate()
+        pytest.fail(f"worker did not exit within {timeout}s; its output:\n{output}")
+    return proc.returncode, output

@@ -21,7 +21,7 @@ from django.db import connection
 
 from axa_django import Job
 from tests.conftest import AXA_APPS, Workers, wait_for
-from tests.pgbouncer import POOL_SIZE, PgBouncer
+from tests.pgbouncer import POOL_SIZE, PgBouncer, finish
 from tests.testapp import jobs, pooler_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
@@ -31,17 +31,6 @@ Start = Callable[..., PgBouncer]
 
 def worker_env(workers: Workers, bouncer: PgBouncer, **extra: str) -> dict[str, str]:
     return workers.env(DATABASE_URL=bouncer.url(connection.settings_dict["NAME"]), **extra)
-
-
-def finish(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str]:
-    """Wait for a worker to exit; return its exit code and output."""
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        output, _ = proc.communicate()
-        pytest.fail(f"worker did not exit within {timeout}s; its output:\n{output}")
-    return proc.returncode, output
 
 
 def stop(proc: subprocess.Popen[str]) -> tuple[int, str]:
@@ -124,10 +113,7 @@ def rotating_pool(pgbouncer: Start, servers: int) -> PgBouncer:
     """
     bouncer = pgbouncer("transaction", pool_size=servers, round_robin=True)
     name = connection.settings_dict["NAME"]
-    with ExitStack() as stack:
-        clients = [stack.enter_context(bouncer.connect(name)) for _ in range(servers)]
-        for conn in clients:
-            conn.execute("SELECT 1")  # a client in a transaction holds a server of its own
+    bouncer.open_servers(name, servers)
     assert [row[3] for row in bouncer.admin("SHOW SERVERS") if row[2] == name] == ["idle"] * servers
     with bouncer.connect(name, autocommit=True) as one, bouncer.connect(name, autocommit=True) as other:
         pids = [conn.execute("SELECT pg_backend_pid()").fetchone() for _ in range(3) for conn in (one, other)]

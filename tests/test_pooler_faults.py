@@ -7,7 +7,6 @@ Real PostgreSQL, real PgBouncer, real runworker subprocesses; faults are real
 from __future__ import annotations
 
 import contextlib
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,7 +22,7 @@ from axa_django.exceptions import PoolerMisconfigured
 from axa_django.worker import Worker
 from axa_django.worker.startup import check_pooler
 from tests.conftest import AXA_APPS, Workers, restart_postgres, started_its_own_server, wait_for
-from tests.pgbouncer import PgBouncer
+from tests.pgbouncer import PgBouncer, finish
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
@@ -191,16 +190,6 @@ def test_a_server_restart_during_the_check_is_no_pooler() -> None:
     assert set(outcomes) == {"ok"}, [o for o in outcomes if o != "ok"]
 
 
-def finish(proc: subprocess.Popen[str], timeout: float = 90) -> tuple[int, str]:
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        output, _ = proc.communicate()
-        pytest.fail(f"worker did not exit within {timeout}s; its output:\n{output}")
-    return proc.returncode, output
-
-
 def test_a_busy_round_robin_session_pool_runs_a_worker_with_the_defaults(
     pgbouncer: Start, workers: Workers, log_file: str
 ) -> None:
@@ -244,10 +233,7 @@ def test_a_round_robin_transaction_pool_with_prepare_threshold_0_refuses_with_th
     # each transaction to the next server: the worker must still refuse, exit 2, naming PgBouncer.
     bouncer = pgbouncer("transaction", pool_size=3, round_robin=True)
     name = connection.settings_dict["NAME"]
-    with contextlib.ExitStack() as stack:
-        clients = [stack.enter_context(bouncer.connect(name)) for _ in range(3)]
-        for conn in clients:
-            conn.execute("SELECT 1")  # open all three servers
+    bouncer.open_servers(name, 3)
     jobs.record.perform_later_many([{"token": f"t{i}", "log": log_file} for i in range(10)])
     env = workers.env(DATABASE_URL=bouncer.url(name), DJANGO_SETTINGS_MODULE="tests.threshold0_settings")
     code, output = finish(workers.start("--burst", "--concurrency", "2", env=env))
@@ -264,10 +250,7 @@ def test_a_round_robin_transaction_pool_refusing_the_probe_still_refuses_a_worke
     # though the dispatcher's own backend moving from read to read gives this pool away alone.
     bouncer = pgbouncer("transaction", pool_size=3, round_robin=True)
     name = connection.settings_dict["NAME"]
-    with contextlib.ExitStack() as stack:
-        clients = [stack.enter_context(bouncer.connect(name)) for _ in range(3)]
-        for conn in clients:
-            conn.execute("SELECT 1")  # open all three servers
+    bouncer.open_servers(name, 3)
     with through(bouncer):
         worker = Worker(concurrency=1, install_signals=False)
         db = worker.db
