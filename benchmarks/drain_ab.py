@@ -10,7 +10,7 @@ then NEW (NEW then OLD with --new-first); for each side: a fresh database (<--db
 new), migrated and filled with --jobs ``benchmarks.benchapp.jobs.record`` jobs by that
 checkout's code (``perform_later_many``, 10,000 a call, run with this Python and the checkout
 first on its path), VACUUM ANALYZE and CHECKPOINT, a wait for a quiet machine, then one
-``python manage.py runworker --burst --concurrency 1`` in the checkout. A checkout needs
+``python manage.py runworker --burst --concurrency 1`` (or ``--worker-args``) in the checkout. A checkout needs
 manage.py, benchmarks/settings.py, benchmarks/measure.py and that job (15e87c7 has them).
 
 Each line is one drain: jobs/s from the jobs' own records (first start to last end); CPU
@@ -33,6 +33,7 @@ import json
 import math
 import os
 import random
+import shlex
 import statistics
 import subprocess
 import sys
@@ -78,6 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--new", type=Path, help="the checkout with it")
     parser.add_argument("--rounds", type=int, default=8, help="rounds, each side once in each (default 8)")
     parser.add_argument("--jobs", type=int, default=60_000, help="jobs per drain (default 60000)")
+    parser.add_argument("--worker-args", default="--concurrency 1", help="runworker's arguments but --burst")
     parser.add_argument("--new-first", action="store_true", help="NEW before OLD in each round")
     parser.add_argument("--db-prefix", default="axa_bench_ab_", help="databases <prefix>old, <prefix>new")
     parser.add_argument("--out", type=Path, help="write the rounds here as JSON (after each drain)")
@@ -158,7 +160,7 @@ def drain(side: str, path: Path, round_: int, args: argparse.Namespace, base: st
         spawned = time.time()
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "manage.py", "runworker", "--burst", "--concurrency", "1"],
+                [sys.executable, "manage.py", "runworker", "--burst", *shlex.split(args.worker_args)],
                 cwd=path,
                 env=dict(env, BENCH_RECORD=str(record)),
                 stdout=out,
