@@ -109,6 +109,7 @@ def run_checks(rounds: int, killer: Killer, kills: int) -> tuple[Worker, list[st
         db.close()
 
 
+@pytest.mark.halved
 @pytest.mark.parametrize(
     "targets",
     [("axa_django dispatcher",), ("axa_django probe",), ("axa_django dispatcher", "axa_django probe")],
@@ -136,6 +137,7 @@ def through(bouncer: PgBouncer) -> Iterator[None]:
         settings.update(saved)
 
 
+@pytest.mark.halved
 @pytest.mark.parametrize("round_robin", [False, True], ids=["lifo", "round_robin"])
 def test_server_backends_terminated_during_the_check_behind_a_session_pool_are_no_pooler(
     pgbouncer: Start, round_robin: bool
@@ -190,6 +192,7 @@ def test_a_server_restart_during_the_check_is_no_pooler() -> None:
     assert set(outcomes) == {"ok"}, [o for o in outcomes if o != "ok"]
 
 
+@pytest.mark.halved
 def test_a_busy_round_robin_session_pool_runs_a_worker_with_the_defaults(
     pgbouncer: Start, workers: Workers, log_file: str
 ) -> None:
