@@ -264,7 +264,7 @@ def test_a_round_robin_transaction_pool_refusing_the_probe_still_refuses_a_worke
                 assert result.status == psycopg.pq.ExecStatus.COMMAND_OK, result.error_message
             with pytest.raises(psycopg.OperationalError):
                 bouncer.connect(name).close()
-            pids = {db.execute(CHECK_READ, {}, unprepared=True)[0][0] for _ in range(3)}  # type: ignore[index]
+            pids = {db.execute(CHECK_READ, {}, prepare=False)[0][0] for _ in range(3)}  # type: ignore[index]
             assert len(pids) > 1, pids  # what the check could have seen on the dispatcher alone
             with pytest.raises(PoolerMisconfigured):
                 check_pooler(db, worker.options, worker.listener)

@@ -34,7 +34,7 @@ def _dispatcher() -> DispatcherConnection:
 
 
 def _claim(db: DispatcherConnection, statement: str) -> list | None:
-    return db.execute(statement, {"worker": None, "limit": 1, "ahead": False}, binary=True, repeated=True)
+    return db.execute(statement, {"worker": None, "limit": 1, "ahead": False}, binary=True, prepare=True)
 
 
 @pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
@@ -49,14 +49,14 @@ def test_a_claim_goes_on_after_a_migration_changes_the_type_of_a_column_it_retur
     params = {"worker": None, "limit": 1, "ahead": False}
     try:
         for _ in range(runs):
-            assert db.execute(statement, params, binary=True, repeated=True) is not None
+            assert db.execute(statement, params, binary=True, prepare=True) is not None
         with connection.cursor() as cursor:
             cursor.execute("ALTER TABLE axa_queue ALTER COLUMN priority TYPE bigint")
         job = jobs.add.perform_later(1, 2)
         deadline = time.monotonic() + 30
         rows = None
         while rows is None and time.monotonic() < deadline:  # one failed run, then a new connection
-            rows = db.execute(statement, params, binary=True, repeated=True)
+            rows = db.execute(statement, params, binary=True, prepare=True)
         assert rows is not None, "the claim never worked again"
         assert [(row[0], row[1]) for row in rows if row[0] is not None] == [(job.id, NAME)]
     finally:
@@ -74,7 +74,7 @@ def test_the_dispatcher_and_the_finisher_prepare_their_statements_at_the_first_r
     claim = sql.compose(sql.CLAIM, ["tests.nothing_enqueues_this"], [], None)
     db = _dispatcher()
     try:
-        assert db.execute(claim, {"worker": None, "limit": 4, "ahead": False}, binary=True, repeated=True) == []
+        assert db.execute(claim, {"worker": None, "limit": 4, "ahead": False}, binary=True, prepare=True) == []
         # Only the claims: a statement prepared apart from its run lands in two transactions behind
         # a transaction pooler, and the start-up's probe for one then failed instead of finding it.
         assert db.execute("SELECT pg_backend_pid()", {})
@@ -99,7 +99,7 @@ def test_with_prepared_statements_off_the_worker_prepares_nothing(monkeypatch):
     db = _dispatcher()
     try:
         for _ in range(8):
-            assert db.execute(claim, {"worker": None, "limit": 4, "ahead": False}, binary=True, repeated=True) == []
+            assert db.execute(claim, {"worker": None, "limit": 4, "ahead": False}, binary=True, prepare=True) == []
         assert db.execute("SELECT count(*) FROM pg_prepared_statements", {}) == [(0,)]
     finally:
         db.close()

@@ -178,7 +178,7 @@ class Claimer:
             params["floors"] = lanes.floors(key)
         else:
             statement = self.composed(sql.CLAIM_FULL, names)
-        rows = self.db.execute(statement, params, binary=True, repeated=True)
+        rows = self.db.execute(statement, params, binary=True, prepare=True)
         if rows is None:
             lanes.forget()
             return None

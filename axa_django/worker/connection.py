@@ -130,13 +130,16 @@ def close(conn: psycopg.Connection[Any] | None) -> None:
 _CUT_SHORT = (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable)
 
 
+# What to do behind a transaction pooler the worker is not configured for (startup.check_pooler too).
+POOLER_ADVICE = (
+    "Set AXA_DJANGO['TRANSACTION_POOLING'] = True (no prepared statements, no LISTEN), or connect the "
+    "worker to PostgreSQL directly or through a session-mode pool."
+)
 # Said when a prepared statement vanished from under the dispatcher (``execute``).
 POOLER_FOUND_LATE = (
     "database {alias!r}: the dispatcher's prepared statement vanished from its connection ({error}): a "
     "pooler in transaction mode (PgBouncer's pool_mode = transaction) hands each transaction to another "
-    "PostgreSQL backend. There claims fail and jobs run twice, so the worker stops. Set "
-    "AXA_DJANGO['TRANSACTION_POOLING'] = True, or connect the worker to PostgreSQL directly or through a "
-    "session-mode pool."
+    "PostgreSQL backend. There claims fail and jobs run twice, so the worker stops. " + POOLER_ADVICE
 )
 
 
@@ -230,8 +233,7 @@ class DispatcherConnection:
         binary: bool = False,
         in_place: bool = False,
         refusable: bool = False,
-        repeated: bool = False,
-        unprepared: bool = False,
+        prepare: bool | None = None,
     ) -> list[tuple[Any, ...]] | None:
         """Run one dispatcher statement; on failure log, back off, return None.
 
@@ -242,8 +244,9 @@ class DispatcherConnection:
         the dispatcher's statements keep failing for a lease the worker stops (exit 1).
         ``in_place`` and ``refusable``: as the watchman's statements need them
         (heartbeat.Heartbeat._run says how); a refusal raised is not counted as failing.
-        ``repeated``: a claim, prepared at its first run. ``unprepared``: never prepared,
-        however often it runs (the start-up's pooler check).
+        ``prepare``: True for a claim, prepared at its first run where the connection prepares
+        at all; False never prepared, however often it runs (the start-up's pooler check);
+        None left to psycopg's threshold.
         """
         try:
             if self._conn is None or self._conn.closed:
@@ -265,14 +268,13 @@ class DispatcherConnection:
                     cursor.execute(sql.TIMEOUTS, {"statement": STATEMENT_TIMEOUT, "lock": LOCK_TIMEOUT})
                 if in_place:
                     cursor.execute(refused.IN_PLACE)
-                # ``repeated`` (the claims): prepared at once where prepared statements are on;
+                # ``prepare`` True (the claims): prepared at once where prepared statements are on;
                 # left to psycopg's threshold, each worker connection planned a claim five times
                 # first (3 ms of server CPU each). Never the others: a statement prepared apart
                 # from its run lands in two transactions behind a transaction pooler, and the
                 # start-up's probe for one failed there instead of finding it (review).
-                prepare = True if repeated and self._conn.prepare_threshold is not None else None
-                if unprepared:
-                    prepare = False
+                if prepare and self._conn.prepare_threshold is None:
+                    prepare = None
                 cursor.execute(query, params, binary=binary, prepare=prepare)
                 rows = cursor.fetchall() if cursor.description else []
         except refused.OUTAGE as error:

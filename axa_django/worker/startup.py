@@ -10,7 +10,15 @@ from django.db import InterfaceError, OperationalError, connections
 from django.db.migrations.executor import MigrationExecutor
 
 from ..exceptions import NotMigrated, PoolerMisconfigured
-from .connection import CHANNEL, RECONNECT_MAX, DispatcherConnection, close, connect, prepare_threshold
+from .connection import (
+    CHANNEL,
+    POOLER_ADVICE,
+    RECONNECT_MAX,
+    DispatcherConnection,
+    close,
+    connect,
+    prepare_threshold,
+)
 from .control import Control
 from .listener import Listener
 from .options import Options
@@ -93,8 +101,7 @@ def check_pooler(db: DispatcherConnection, options: Options, listener: Listener)
         raise PoolerMisconfigured(
             f"database {alias!r} is reached through a pooler in transaction mode (PgBouncer's pool_mode = "
             f"transaction): {seen}. There the worker's prepared statements fail and jobs run twice, so it "
-            "stops before claiming any. Set AXA_DJANGO['TRANSACTION_POOLING'] = True (no prepared statements, "
-            "no LISTEN), or connect the worker to PostgreSQL directly or through a session-mode pool."
+            f"stops before claiming any. {POOLER_ADVICE}"
         )
     if listener.enabled:
         logger.warning(
@@ -133,7 +140,7 @@ def pooled(db: DispatcherConnection, probe: psycopg.Connection[Any] | None) -> s
         else:
             # An error is said and waited out by the dispatcher, which reconnects at its next
             # statement if it lost the database, as it did for the check's reads before.
-            rows = db.execute(BACKEND_PID, {}, unprepared=True)
+            rows = db.execute(BACKEND_PID, {}, prepare=False)
             if db.opened != opened:
                 # A new connection has a new backend, whose pid may be one the outage freed:
                 # the probe's, read before it. The reads before it are compared with nothing.
