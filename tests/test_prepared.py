@@ -15,6 +15,7 @@ from django.db import connection, connections, transaction
 from axa_django import Job, sql
 from axa_django.exceptions import PoolerMisconfigured
 from axa_django.execution import Outcome, finish
+from axa_django.sql import flow as sqlflow
 from axa_django.testing import run_jobs
 from axa_django.worker import connect
 from axa_django.worker.connection import DispatcherConnection
@@ -275,17 +276,68 @@ def test_a_claim_whose_prepared_statement_vanished_stops_the_worker_naming_the_p
     # is not on the backend the next transaction gets: "prepared statement does not exist" at
     # most claims, and the worker never stopped (found with a PgBouncer in transaction mode
     # handing out its servers in turn). The statement dropped on the server stands in for that
-    # backend: psycopg still believes it prepared.
+    # backend: psycopg still believes it prepared. Once alone is one connection's glitch (the
+    # review: a pipeline cut short as psycopg prepared in it): a new connection, no stop.
     claim = sql.compose(sql.CLAIM, ["tests.nothing_enqueues_this"], [], None)
     db = _dispatcher()
-    try:
+
+    def lose_the_claim() -> None:
         assert _claim(db, claim) == []
         conn = db.current()
         assert conn is not None
         [(name,)] = conn.execute("SELECT name FROM pg_prepared_statements WHERE statement LIKE '%%axa_queue%%'")
         conn.execute(f'DEALLOCATE "{name}"')
+
+    try:
+        lose_the_claim()
+        assert _claim(db, claim) is None
+        assert db.current() is None, "the connection that lost its statement is closed"
+        lose_the_claim()  # on a new connection, within a lease
         with pytest.raises(PoolerMisconfigured, match=r"pool_mode = transaction.*TRANSACTION_POOLING"):
             _claim(db, claim)
-        assert db.current() is None, "the connection that lost its statement is closed"
+        assert db.current() is None
     finally:
         db.close()
+
+
+@pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
+def test_a_pipeline_cut_short_as_psycopg_prepares_in_it_costs_one_connection_not_the_limited_claims() -> None:
+    # The limited claims' fold runs in a pipeline. At the run psycopg prepares at (its 6th), the
+    # fold's lock timing out before it had the server skip the Parse while psycopg recorded the
+    # name: every later fold failed ("prepared statement does not exist"), and the limited jobs
+    # were never claimed again, the worker looking healthy (found by the review). The dispatcher
+    # now drops a connection whose statement vanished; the next prepares afresh.
+    db = _dispatcher()
+    holder = connect("default", "holder")
+
+    def fold() -> None:
+        conn = db.current() or (db.execute("SELECT 1", {}) and db.current())
+        assert conn is not None
+        with conn.pipeline() as pipeline:  # as worker/limited.py runs it
+            conn.execute(sqlflow.FOLD_LOCK, {"since": "0"})
+            conn.execute(sqlflow.FOLD, {"since": "0"})
+            pipeline.sync()
+
+    try:
+        for _ in range(5):
+            fold()
+        with connection.cursor() as cursor:  # a delta to fold: the fold's lock is then waited for
+            cursor.execute("INSERT INTO axa_flow_delta (name, key, queued, running) VALUES ('n', 'k', 0, 0)")
+        holder.autocommit = False
+        holder.execute("SELECT pg_advisory_xact_lock(%s, 0)", [sqlflow.FOLD_NAMESPACE])
+        conn = db.current()
+        assert conn is not None
+        conn.execute("SET statement_timeout = '300ms'")
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            fold()
+        conn.execute("RESET statement_timeout")
+        holder.rollback()
+        with pytest.raises(psycopg.errors.InvalidSqlStatementName) as vanished:
+            fold()
+        db.failed("jobs with concurrency limits", vanished.value)
+        assert db.current() is None, "the connection holding the vanished name is dropped"
+        for _ in range(7):  # a new connection: prepared afresh at its 6th run, and on
+            fold()
+    finally:
+        db.close()
+        holder.close()

@@ -128,6 +128,11 @@ def close(conn: psycopg.Connection[Any] | None) -> None:
 
 # A statement or lock timeout: OperationalErrors of a connection that still works.
 _CUT_SHORT = (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable)
+# A statement psycopg holds prepared that the server no longer has, or can no longer run
+# ("cached plan must not change result type"): psycopg keeps it, and it failed at every run
+# until the connection was replaced. A pipeline cut short at the run psycopg prepares at
+# leaves such a name on a direct connection too (review: the limited claims' fold).
+_STALE_STATEMENT = (psycopg.errors.InvalidSqlStatementName, psycopg.errors.FeatureNotSupported)
 
 
 # What to do behind a transaction pooler the worker is not configured for (startup.check_pooler too).
@@ -154,6 +159,8 @@ class DispatcherConnection:
         # Connections opened so far: a new one may reach another server (a crash, a failover)
         # whose rows are not where what was learnt on the old one says (worker/lanes.py).
         self.opened = 0
+        # When a prepared statement last vanished from a connection of ours, and on which (``execute``).
+        self._vanished: tuple[float, int] | None = None
 
     def open_first(self) -> bool:
         """Connect, waiting for a server that is not up yet; False if stopped first, CannotConnect if refused."""
@@ -222,6 +229,8 @@ class DispatcherConnection:
         if isinstance(error, refused.OUTAGE) and not isinstance(error, _CUT_SHORT):
             self._lost()
             self.close()
+        elif isinstance(error, _STALE_STATEMENT):
+            self.close()  # a new connection prepares afresh
         self.control.aborting.wait(0.2)
 
     def execute(
@@ -289,18 +298,21 @@ class DispatcherConnection:
         except psycopg.Error as error:
             if refusable:
                 raise refused.Refused(error) from error
+            if isinstance(error, _STALE_STATEMENT):
+                # A migration changed the type of a column a prepared claim returns, or the statement
+                # vanished: a new connection prepares afresh.
+                self.close()
             if isinstance(error, psycopg.errors.InvalidSqlStatementName):
-                # "prepared statement does not exist" on the connection that prepared it: a pooler
-                # handing each transaction to another backend, which the start-up's check missed.
-                # Claims there fail or land twice; retried, they failed for good, the worker never
-                # stopping (its other statements succeeded between them).
-                self.close()
-                raise PoolerMisconfigured(POOLER_FOUND_LATE.format(alias=self.options.using, error=error)) from error
-            if isinstance(error, psycopg.errors.FeatureNotSupported):
-                # "cached plan must not change result type": a migration changed the type of a
-                # column a prepared claim returns, and psycopg keeps the statement, which then
-                # failed at every run until the worker stopped. A new connection prepares afresh.
-                self.close()
+                # "prepared statement does not exist" again, on a newer connection, within a lease: a
+                # pooler handing each transaction to another backend, which the start-up's check
+                # missed. Claims there fail or land twice; retried, they failed for good, the worker
+                # never stopping (its other statements succeeded between them). Once alone is a
+                # glitch of one connection (a pipeline cut short as psycopg prepared in it).
+                now, last = time.monotonic(), self._vanished
+                self._vanished = (now, self.opened)
+                if last is not None and now - last[0] <= self.options.lease and self.opened > last[1]:
+                    said = POOLER_FOUND_LATE.format(alias=self.options.using, error=error)
+                    raise PoolerMisconfigured(said) from error
             now = time.monotonic()
             self._failing_since = self._failing_since or now
             logger.error("dispatcher statement failed (%s: %s); trying again shortly", type(error).__name__, error)
