@@ -95,6 +95,23 @@ def kill_thread(name: str) -> str:
     return f"{name}: {hit}"
 
 
+@background_job
+def exclusive(seconds: float, log: str) -> None:
+    """Run ``seconds`` holding a session advisory lock; a run that starts while another holds it logs "overlap".
+
+    The lock goes with the run's end, or with its process (PostgreSQL drops a gone client's
+    locks): "overlap" means the first run was still inside this code in a live process.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(hashtext('hostile_jobs.exclusive'))")
+        alone = cursor.fetchone()[0]
+        _mark(log, f"start {os.getpid()} {'alone' if alone else 'overlap'}")
+        time.sleep(seconds)
+        _mark(log, f"end {os.getpid()}")
+        if alone:
+            cursor.execute("SELECT pg_advisory_unlock(hashtext('hostile_jobs.exclusive'))")
+
+
 # Names that look like SQL or format strings stay data in the worker's statements.
 for _name in ("%(queues)s", "{names}", "';DROP/**/TABLE/**/axa_queue;--", "%s%%%(limit)s"):
     background_job(name=_name)(lambda: "ran")
