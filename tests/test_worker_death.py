@@ -1,13 +1,15 @@
 """A worker whose own thread dies: the jobs it is running must not run twice at once."""
 
+import signal
+
 import pytest
 from django.db import connection
 
+from axa_django.worker.control import Control
+from axa_django.worker.signalling import Signals
 from tests.conftest import AXA_APPS, wait_for
-from tests.test_reliability import fresh, lines
+from tests.test_reliability import fresh, lease, lines
 from tests.testapp import hostile_jobs
-
-pytestmark = pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
 
 EXCLUSIVE = "tests.testapp.hostile_jobs.exclusive"
 
@@ -23,22 +25,53 @@ def listening(count: int) -> bool:
 
 
 @pytest.mark.halved
-def test_a_dead_dispatcher_lets_the_running_job_finish_and_no_other_worker_starts_it(workers, log_file):
-    slow = hostile_jobs.exclusive.perform_later(3, log_file)
+@pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
+@pytest.mark.parametrize(
+    ("thread", "said", "name"),
+    [
+        ("MainThread", "the dispatcher failed; stopping the worker once its jobs", "dispatcher"),
+        ("axa-listener", "worker thread axa-listener died; stopping the worker once its jobs", "axa-listener"),
+    ],
+    ids=["dispatcher", "listener"],
+)
+def test_a_dead_dispatcher_or_listener_lets_the_running_job_finish_and_no_other_worker_starts_it(
+    workers, log_file, thread, said, name
+):
+    # Two leases: the heartbeat must go on renewing its lease, or the rescue hands it to the second worker.
+    slow = hostile_jobs.exclusive.perform_later(2 * lease(), log_file)
     first = workers.start("--concurrency", "2")
     wait_for(lambda: lines(log_file), what="the slow job's start")
     # It runs only the slow job: any start of it there is a second run.
     second = workers.start("--concurrency", "1", "--job", EXCLUSIVE)
     wait_for(lambda: listening(2), what="both workers listening")
-    hostile_jobs.kill_thread.perform_later("MainThread")
+    hostile_jobs.kill_thread.perform_later(thread)
     assert first.wait(timeout=60) == 1
     output = first.stdout.read()
-    assert "the dispatcher failed; stopping the worker" in output, output
-    assert "stopped because its dispatcher thread died" in output, output
     wait_for(lambda: fresh(slow).status in ("completed", "failed"), what="the slow job's outcome")
     # Before the fix: ["start A alone", "start B overlap", "end B"]: the row was given back while
     # the first worker's thread still ran it, and the second worker started it again at once.
     assert lines(log_file) == [f"start {first.pid} alone", f"end {first.pid}"], (lines(log_file), output)
+    assert said in output and f"stopped because its {name} thread died" in output, output
     row = fresh(slow)
     assert (row.status, row.attempts, row.errors) == ("completed", 1, []), (row.status, row.errors)
     assert second.poll() is None
+
+
+def test_a_thread_the_jobs_do_not_need_dying_stops_as_a_first_signal_and_a_second_signal_aborts():
+    control = Control()
+    signals = Signals(control)
+    control.fail("dispatcher")
+    assert control.stopping.is_set() and not control.aborting.is_set() and not control.done.is_set()
+    signals.handle(signal.SIGTERM)  # the operator's first: finish the jobs, as the worker does already
+    assert not control.aborting.is_set()
+    signals.handle(signal.SIGTERM)
+    assert control.aborting.is_set() and not control.done.is_set()  # the heartbeat beats until the jobs are given back
+    assert control.fatal == "dispatcher"
+
+
+def test_a_thread_the_jobs_do_not_need_dying_is_bounded_by_the_grace_period():
+    control = Control(grace=0.05)
+    control.fail("axa-listener")
+    assert not control.aborting.is_set()
+    wait_for(control.aborting.is_set, timeout=10, what="the grace period to abort")
+    assert control.fatal == "axa-listener"

@@ -224,18 +224,22 @@ class Worker:
         self.jobs.start()
         control.spawn(self.finisher.loop, "axa-finisher")
         control.spawn(self.watchdog.loop, "axa-watchdog")
+        # Running jobs need neither: the dispatcher polls without the listener, and the
+        # heartbeat relays cancels too.
         if self.listener.enabled:
-            control.spawn(self.listener.loop, "axa-listener")
+            control.spawn(self.listener.loop, "axa-listener", needed=False)
         if not options.burst:
             maintenance = Maintenance(options, options.housekeeping_interval, control.stopping)
-            control.spawn(maintenance.loop, "axa-maintenance")
+            control.spawn(maintenance.loop, "axa-maintenance", needed=False)
         if self.listener.enabled:
             check_notify(db, options, self.listener)
         try:
             self.dispatcher.run(names)
         except BaseException:
-            logger.critical("the dispatcher failed; stopping the worker", exc_info=True)
-            control.die("dispatcher")
+            logger.critical(
+                "the dispatcher failed; stopping the worker once its jobs in progress finish (exit 1)", exc_info=True
+            )
+            control.fail("dispatcher")
         return self._shutdown()
 
     def _shutdown(self) -> int:
@@ -258,7 +262,7 @@ class Worker:
         else:
             # Every job has finished; wait for the finisher to write their outcomes (an
             # outage that does not end: until the grace period or a second signal aborts).
-            while ledger.unwritten() and control.fatal is None and not control.aborting.is_set():
+            while ledger.unwritten() and not control.aborting.is_set():
                 control.wake.clear()
                 if ledger.unwritten():
                     control.wake.wait(0.1)

@@ -67,21 +67,45 @@ class Control:
         self.stop()
 
     def die(self, what: str) -> None:
-        """One of the worker's own threads is gone: stop everything, exit 1."""
+        """One of the worker's own threads is gone, one its running jobs need: stop everything, exit 1."""
         if self.fatal is None:
             self.fatal = what
         self.done.set()  # stop heartbeating at once: the lease rescues our jobs
         self.abort()
 
-    def spawn(self, target: Callable[[], None], name: str) -> None:
-        """Run ``target`` on a daemon thread; if it raises, the worker dies."""
+    def fail(self, what: str) -> None:
+        """One of the worker's own threads is gone, one its running jobs do not need: stop, exit 1.
+
+        As at a first signal, not an abort: a job given back while its thread still runs it
+        (no thread can be stopped) was claimed and started by another worker within
+        milliseconds, and ran twice at once. The heartbeat and the finisher carry the
+        running jobs to their written outcomes; the grace period and a second signal abort.
+        """
+        if self.fatal is None:
+            self.fatal = what
+        self.stop()
+
+    def spawn(self, target: Callable[[], None], name: str, *, needed: bool = True) -> None:
+        """Run ``target`` on a daemon thread; if it raises, the worker stops and exits 1.
+
+        ``needed``: whether running jobs need the thread (``die``: they are given back);
+        if not, they finish first (``fail``).
+        """
 
         def guarded() -> None:
             try:
                 target()
             except BaseException:
-                logger.critical("worker thread %s died; stopping the worker (exit 1)", name, exc_info=True)
-                self.die(name)
+                if needed:
+                    logger.critical("worker thread %s died; stopping the worker (exit 1)", name, exc_info=True)
+                    self.die(name)
+                else:
+                    logger.critical(
+                        "worker thread %s died; stopping the worker once its jobs in progress finish (exit 1)",
+                        name,
+                        exc_info=True,
+                    )
+                    self.fail(name)
 
         thread = threading.Thread(target=guarded, name=name, daemon=True)
         thread.start()
