@@ -9,7 +9,7 @@ from axa_django.worker.control import Control
 from axa_django.worker.signalling import Signals
 from tests.conftest import AXA_APPS, wait_for
 from tests.test_reliability import fresh, lease, lines
-from tests.testapp import hostile_jobs
+from tests.testapp import hostile_jobs, jobs
 
 EXCLUSIVE = "tests.testapp.hostile_jobs.exclusive"
 
@@ -75,3 +75,43 @@ def test_a_thread_the_jobs_do_not_need_dying_is_bounded_by_the_grace_period():
     assert not control.aborting.is_set()
     wait_for(control.aborting.is_set, timeout=10, what="the grace period to abort")
     assert control.fatal == "axa-listener"
+
+
+@pytest.mark.halved
+@pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
+def test_a_dispatcher_whose_statements_keep_failing_lets_the_running_job_finish_and_exits_1(workers, log_file):
+    # Claims of any job but the slow one break a CHECK the test adds (not a lost connection):
+    # the dispatcher fails them for over a lease, then stops; the job it runs must still end
+    # completed. The stop's own unregistering fails too (a trigger): it must not raise out of
+    # the worker, a traceback without the worker's last line. Polling: no wake-up statement of a
+    # listener succeeds between the dispatcher's failures and the stop's.
+    slow = hostile_jobs.exclusive.perform_later(2 * lease(), log_file)
+    first = workers.start("--concurrency", "2", env=workers.env(AXA_TEST_NOTIFY="0"))
+    wait_for(lambda: lines(log_file), what="the slow job's start")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "ALTER TABLE axa_queue ADD CONSTRAINT axa_test_no_claims "
+            "CHECK (status <> 'running' OR name = %s) NOT VALID",
+            [EXCLUSIVE],
+        )
+        cursor.execute(
+            "CREATE FUNCTION axa_test_keep() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'axa_worker rows stay (test)'; END $$"
+        )
+        cursor.execute(
+            "CREATE TRIGGER axa_test_keep BEFORE DELETE ON axa_worker FOR EACH ROW EXECUTE FUNCTION axa_test_keep()"
+        )
+    try:
+        jobs.add.perform_later(1, 2)
+        assert first.wait(timeout=60) == 1
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE axa_queue DROP CONSTRAINT IF EXISTS axa_test_no_claims")
+            cursor.execute("DROP TRIGGER IF EXISTS axa_test_keep ON axa_worker")
+            cursor.execute("DROP FUNCTION IF EXISTS axa_test_keep()")
+    output = first.stdout.read()
+    assert "the dispatcher's statements have failed for over" in output, output
+    assert "stopped because its dispatcher thread died" in output, output
+    assert lines(log_file) == [f"start {first.pid} alone", f"end {first.pid}"], (lines(log_file), output)
+    row = fresh(slow)
+    assert (row.status, row.attempts, row.errors) == ("completed", 1, []), (row.status, row.errors)

@@ -318,6 +318,9 @@ class DispatcherConnection:
             logger.error("dispatcher statement failed (%s: %s); trying again shortly", type(error).__name__, error)
             lease = self.options.lease
             if now - self._failing_since > lease:
+                # Said once: the stop that follows lets the running jobs finish, and its own
+                # statements (give rows back, unregister) each get a try, not this raise again.
+                self._failing_since = None
                 raise RuntimeError(f"the dispatcher's statements have failed for over {lease:g}s") from error
             self.control.aborting.wait(min(1.0, self.options.poll_interval))
             return None
