@@ -20,18 +20,21 @@ line is one drain:
 - ``names:NxR``: N names of R jobs each, priority 0, the default queue;
 - ``priorities:P``: one name, its jobs spread evenly over priorities 0..P-1;
 - ``queues:Q``: one name, spread over Q queues; an all-queues worker, or with --per-queue
-  Q workers, one ``--new-queue qN`` each (--processes is then ignored for that shape).
+  Q workers, one ``--new-queue qN`` each (--processes is then ignored for that shape), or
+  with --pools one process of Q per-queue pools of one thread (``--new-queue qN:1`` each).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import collections
 import os
 import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -131,6 +134,14 @@ def server_processes(pg_pid: int) -> dict[int, float]:
     return {pid: cpu for pid in children if (cpu := process_cpu(pid)) is not None}
 
 
+def ended(proc: subprocess.Popen[str], log: Any) -> tuple[int, str]:
+    """A worker's exit code and what it logged, once it exits."""
+    code = proc.wait()
+    with log:
+        log.seek(0)
+        return code, log.read()
+
+
 def perf(fifo: str, command: str) -> None:
     """Tell ``perf record -D -1 --control fifo:FIFO`` to start or stop sampling (the drain's window alone)."""
     if fifo:
@@ -148,6 +159,7 @@ def drain(
     root: Path = ROOT,
     warm: str | None = None,
     perf_ctl: str = "",
+    registered: int = 0,
 ) -> dict[str, Any]:
     """``processes`` workers on the rows: seconds from the first job's start to the last one's end,
     the workers' CPU and the server's, the jobs completed, lock waits per sample and the most
@@ -155,7 +167,8 @@ def drain(
     (start-ups included); else workers started on the empty table, and once all have registered and beaten,
     the rows written by ``insert``: CPU from its commit to the last job's end (then the workers stop),
     and their own backends' CPU apart (``backends_cpu``). ``warm``: rows the started workers drain first,
-    left out of every figure (a fleet that has run jobs before: plans made, caches filled)."""
+    left out of every figure (a fleet that has run jobs before: plans made, caches filled). ``registered``:
+    the worker rows to wait for (per-queue pools: one a pool), by default one a process."""
     env = dict(os.environ, DATABASE_URL=url, PYTHONPATH=str(root), BENCH_SPREAD_NAMES=str(NAMES))
     env["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
     # One argument list for every process, or one list each (--per-queue).
@@ -165,14 +178,22 @@ def drain(
     if statements:
         with connect(url) as conn:
             conn.execute("SELECT pg_stat_statements_reset()")
-    procs = [subprocess.Popen(command, cwd=root, env=env, stderr=subprocess.PIPE, text=True) for command in commands]
+    # Their logs go to files: one process of 50 per-queue pools filled a pipe's buffer with its start-up
+    # lines while nothing read it, and stalled. Left running by a failed drain, they are ended at exit.
+    logs = [tempfile.TemporaryFile("w+") for _ in commands]  # noqa: SIM115 - read and closed in ended()
+    procs = [
+        subprocess.Popen(command, cwd=root, env=env, stderr=log, text=True)
+        for command, log in zip(commands, logs, strict=True)
+    ]
+    atexit.register(lambda: [proc.kill() for proc in procs if proc.poll() is None])
     processes = len(procs)
     pids = [proc.pid for proc in procs]
     if insert is not None:
         with connect(url) as conn:
             # Registered and beaten once each: a running fleet, each worker knowing its size.
             beaten = "SELECT count(*) FROM axa_worker WHERE heartbeat_at > started_at"
-            wait_until(lambda: conn.execute(beaten).fetchone()[0] >= processes, 120, "a beat of every worker")
+            expected = registered or processes
+            wait_until(lambda: conn.execute(beaten).fetchone()[0] >= expected, 120, "a beat of every worker")
             warmed = 0
             if warm is not None:
                 conn.execute(warm)
@@ -211,7 +232,7 @@ def drain(
         backends = sum((process_cpu(pid) or 0.0) - server_before.get(pid, 0.0) for pid in mine) if mine else None
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
-    failed = [(proc.wait(), proc.stderr.read() if proc.stderr else "") for proc in procs]
+    failed = [ended(proc, log) for proc, log in zip(procs, logs, strict=True)]
     watch.stop.set()
     watch.join()
     if insert is None:
@@ -275,6 +296,11 @@ def main() -> None:
         action="store_true",
         help="queues:Q shapes: Q workers, each --new-queue qN (a queue still empty), instead of --processes",
     )
+    parser.add_argument(
+        "--pools",
+        action="store_true",
+        help="queues:Q shapes: one process of Q per-queue pools of one thread (--new-queue qN:1 each)",
+    )
     parser.add_argument("--pg-pid", type=int, default=0, help="the server's postmaster pid, for its CPU")
     parser.add_argument("--db", default="axa_bench_spread")
     parser.add_argument(
@@ -326,12 +352,15 @@ def main() -> None:
         for shape in args.shapes.split(","):
             counts = [int(n) for n in args.processes.split(",")]
             per_queue = args.per_queue and shape.startswith("queues:")
-            for processes in [int(shape.partition(":")[2])] if per_queue else counts:
+            pools = int(shape.partition(":")[2]) if args.pools and shape.startswith("queues:") else 0
+            for processes in [int(shape.partition(":")[2])] if per_queue else [1] if pools else counts:
                 fill(url, shape, args.jobs, now=not args.start_first)
                 insert = rows(shape, args.jobs)[0] if args.start_first else None
                 worker_args: list[str] | list[list[str]] = shlex.split(args.worker_args)
                 if per_queue:
                     worker_args = [[*shlex.split(args.worker_args), "--new-queue", f"q{n}"] for n in range(processes)]
+                if pools:
+                    worker_args = [*worker_args, *(arg for n in range(pools) for arg in ("--new-queue", f"q{n}:1"))]
                 warm = rows(shape, args.warm, counted=False)[0] if args.warm and args.start_first else None
                 run = drain(
                     url,
@@ -343,9 +372,10 @@ def main() -> None:
                     args.worker_root.resolve(),
                     warm,
                     args.perf_ctl,
+                    pools,
                 )
                 done = run["completed"]
-                label = f"{shape} per queue" if per_queue else shape
+                label = f"{shape} per queue" if per_queue else f"{shape} pools" if pools else shape
                 print(
                     f"{label:<20} {processes:>9} {done:>7} {done / run['elapsed']:>10.0f} "
                     f"{run['worker_cpu'] / done * 1000:>15.4f} {run['pg_cpu'] / done * 1000:>19.4f} "
