@@ -243,7 +243,7 @@ def drain(
     with connect(url) as conn:
         completed, elapsed = conn.execute(
             "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at))::float8 "
-            "FROM axa_history WHERE status = 'completed' AND (created_at >= %s OR %s IS NULL)",
+            "FROM axa_history WHERE status = 'completed' AND (created_at >= %s::timestamptz OR %s::timestamptz IS NULL)",
             [since, since],
         ).fetchone()
         (left,) = conn.execute("SELECT count(*) FROM axa_queue WHERE status <> 'completed'").fetchone()
