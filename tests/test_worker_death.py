@@ -15,11 +15,17 @@ EXCLUSIVE = "tests.testapp.hostile_jobs.exclusive"
 
 
 def listening(count: int) -> bool:
-    """``count`` workers' listeners have run their LISTEN: a row given back now is claimed at once."""
+    """``count`` workers' listeners have run their LISTEN: a row given back now is claimed at once.
+
+    A listener runs LISTEN right after its connection's set-up (which reads ``pg_is_in_recovery()``);
+    any statement after that one says it has. Not ``LISTEN`` itself: the fleet's poller's listener
+    goes on to look for rows fallen due (a flake in CI's embedded leg).
+    """
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND application_name = 'axa_django listener' AND query LIKE 'LISTEN%%'"
+            "AND application_name = 'axa_django listener' AND query <> '' "
+            "AND query NOT LIKE '%%pg_is_in_recovery()%%'"
         )
         return cursor.fetchone()[0] >= count
 
