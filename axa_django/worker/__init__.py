@@ -246,6 +246,9 @@ class Worker:
         """Stop the parts in order: claims, job threads (or give their jobs back), finisher, listener, the row."""
         options, control, ledger, db = self.options, self.control, self.ledger, self.db
         control.stop()  # the grace period starts now if no stop was asked (a burst worker's end)
+        # Each statement of the stop is tried, never raised for failures a lease long: raised
+        # out of run(), a stop begun while statements failed ended in a traceback (review).
+        db.fail_after_lease = False
         self.dispatcher.unclaim_waiting()
         self.jobs.stop()
         self._wait_for_jobs()
@@ -296,6 +299,9 @@ class Worker:
         """Wait for the jobs in progress, until the grace period (timed by ``control``) aborts."""
         control, ledger = self.control, self.ledger
         while ledger.held() and not control.aborting.is_set():
+            if not self.jobs.alive():
+                self.dispatcher.unclaim_held()
+                return
             control.wake.clear()
             if ledger.held():
                 control.wake.wait(0.1)

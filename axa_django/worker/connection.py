@@ -155,6 +155,9 @@ class DispatcherConnection:
         self.options, self.control, self.ledger = options, control, ledger
         self._conn: psycopg.Connection[Any] | None = None
         self._failing_since: float | None = None
+        # Whether statements failing for over a lease raise (the dispatcher's loop: the worker
+        # stops); the stop's own statements are each tried once, logged, never raised.
+        self.fail_after_lease = True
         self._lost_at: float | None = None  # when the connection was lost, until another is open
         # Connections opened so far: a new one may reach another server (a crash, a failover)
         # whose rows are not where what was learnt on the old one says (worker/lanes.py).
@@ -317,10 +320,7 @@ class DispatcherConnection:
             self._failing_since = self._failing_since or now
             logger.error("dispatcher statement failed (%s: %s); trying again shortly", type(error).__name__, error)
             lease = self.options.lease
-            if now - self._failing_since > lease:
-                # Said once: the stop that follows lets the running jobs finish, and its own
-                # statements (give rows back, unregister) each get a try, not this raise again.
-                self._failing_since = None
+            if self.fail_after_lease and now - self._failing_since > lease:
                 raise RuntimeError(f"the dispatcher's statements have failed for over {lease:g}s") from error
             self.control.aborting.wait(min(1.0, self.options.poll_interval))
             return None

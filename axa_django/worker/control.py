@@ -85,7 +85,7 @@ class Control:
             self.fatal = what
         self.stop()
 
-    def spawn(self, target: Callable[[], None], name: str, *, needed: bool = True) -> None:
+    def spawn(self, target: Callable[[], None], name: str, *, needed: bool = True) -> threading.Thread:
         """Run ``target`` on a daemon thread; if it raises, the worker stops and exits 1.
 
         ``needed``: whether running jobs need the thread (``die``: they are given back);
@@ -110,3 +110,4 @@ class Control:
         thread = threading.Thread(target=guarded, name=name, daemon=True)
         thread.start()
         self.threads.append(thread)
+        return thread

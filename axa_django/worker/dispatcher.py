@@ -228,8 +228,18 @@ class Dispatcher:
     def unclaim_waiting(self) -> None:
         """Give back the rows claimed ahead that no thread has started, as if never claimed."""
         ids = self.ledger.take_waiting()
-        if not ids:
-            return
-        if self.db.execute(sql.UNCLAIM, {"ids": ids, "worker": self.worker_id}) is not None:
+        if ids and self.db.execute(sql.UNCLAIM, {"ids": ids, "worker": self.worker_id}) is not None:
             logger.info("gave %d job(s) claimed ahead back to the queue, unstarted", len(ids))
+        self.ledger.forget(ids)
+
+    def unclaim_held(self) -> None:
+        """Once no job thread is left: give back every job still held, as if never claimed.
+
+        Claimed and held, never handed out (the dispatcher died between the two), or taken by a
+        thread that died outside its job: no thread will run them, and the stop waited for them
+        for ever, heartbeating their lease (review).
+        """
+        ids = self.ledger.ids()
+        if ids and self.db.execute(sql.UNCLAIM, {"ids": ids, "worker": self.worker_id}) is not None:
+            logger.warning("gave %d job(s) no job thread was left to run back to the queue", len(ids))
         self.ledger.forget(ids)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
 from typing import Any
@@ -39,6 +40,7 @@ class JobThreads:
     def __init__(self, options: Options, worker_id: uuid.UUID, control: Control, ledger: Ledger) -> None:
         self.options, self.worker_id, self.control, self.ledger = options, worker_id, control, ledger
         self._replacements = 0
+        self._threads: list[threading.Thread] = []
         # Attempts lost to the database: with the worker's connections opened (each reconnect
         # after an outage opens one), the outages the job threads have seen (``generation``).
         self._losses = 0
@@ -50,12 +52,22 @@ class JobThreads:
     def start(self) -> None:
         """Start the job threads."""
         for index in range(self.options.concurrency):
-            self.control.spawn(self.loop, f"axa-job-{index}")
+            self._spawn(f"axa-job-{index}")
 
     def replace(self) -> None:
         """Start one more job thread, in place of one given up at a timeout."""
         self._replacements += 1
-        self.control.spawn(self.loop, f"axa-job-r{self._replacements}")
+        self._spawn(f"axa-job-r{self._replacements}")
+
+    def _spawn(self, name: str) -> None:
+        # One thread's death stops the worker as a first signal does: the other threads'
+        # jobs need none of it, and given back while those threads ran them, another
+        # worker started them again at once (review).
+        self._threads.append(self.control.spawn(self.loop, name, needed=False))
+
+    def alive(self) -> bool:
+        """Whether a job thread is left to run a job handed out (one given up at its timeout is not)."""
+        return any(thread.is_alive() and not self.ledger.is_stuck(thread.ident) for thread in self._threads)
 
     def stop(self) -> None:
         """Let each job thread end once the jobs handed out before are done."""

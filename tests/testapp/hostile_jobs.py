@@ -3,6 +3,7 @@
 import asyncio
 import ctypes
 import os
+import sys
 import threading
 import time
 
@@ -110,6 +111,57 @@ def exclusive(seconds: float, log: str) -> None:
         _mark(log, f"end {os.getpid()}")
         if alone:
             cursor.execute("SELECT pg_advisory_unlock(hashtext('hostile_jobs.exclusive'))")
+
+
+def _local(name: str, type_name: str):
+    """The object bound to ``name`` in a frame of this thread's stack whose type is ``type_name``."""
+    frame = sys._getframe()
+    while frame is not None:
+        value = frame.f_locals.get(name)
+        if value is not None and type(value).__name__ == type_name:
+            return value
+        frame = frame.f_back
+    raise LookupError(f"no {type_name} named {name!r} on this thread's stack")
+
+
+@background_job
+def break_hand_out() -> str:
+    """The dispatcher's next non-empty ``ledger.hand_out`` raises ThreadKilled before it puts any job on the threads'
+    queue: what ``kill_thread("MainThread")`` does when its exception lands between the claim's ``ledger.hold`` (in
+    ``Claimer._build``) and the end of ``hand_out``. Once; the jobs it was given stay held by the ledger."""
+    ledger = _local("ledger", "Ledger")  # JobThreads.loop's, the worker's one ledger
+
+    def hand_out(jobs):
+        jobs = list(jobs)
+        if not jobs:
+            return type(ledger).hand_out(ledger, jobs)
+        del ledger.hand_out  # once
+        raise ThreadKilled(f"injected between the claim's hold and its hand-out: {len(jobs)} job(s) held")
+
+    ledger.hand_out = hand_out
+    return "armed"
+
+
+@background_job
+def kill_an_idle_job_thread() -> str:
+    """Raise ThreadKilled in a job thread other than this one that waits for work (its top frame JobThreads.loop).
+
+    It is raised there as that thread takes its next job, in the worker's code around the job: the
+    thread dies, as one does on any exception outside ``perform`` (``control.spawn``: ``die``)."""
+    me = threading.get_ident()
+    frames = sys._current_frames()
+    for thread in threading.enumerate():
+        if thread.ident == me or not thread.name.startswith("axa-job-"):
+            continue
+        frame = frames.get(thread.ident)
+        if (
+            frame is not None
+            and frame.f_code.co_name == "loop"
+            and frame.f_code.co_filename.endswith(os.path.join("worker", "jobs.py"))
+        ):
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(ThreadKilled))
+            return thread.name
+    raise LookupError("no idle job thread")
 
 
 # Names that look like SQL or format strings stay data in the worker's statements.
