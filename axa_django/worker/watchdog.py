@@ -93,9 +93,12 @@ class Watchdog:
             "(blocked outside Python?), so the attempt was given up"
         )
         outcome = failure(job, registry.get(job.name), error, self.worker_id)
-        stuck = self.ledger.stuck(watch.thread_ident)
         self.ledger.finished(job, outcome)
         self.ledger.release(job, outcome)
+        # Counted stuck once its job is no longer held: a stop that finds no job thread left
+        # gives back what is still held, and would have given back this job, its thread
+        # still in it.
+        stuck = self.ledger.stuck(watch.thread_ident)
         self.control.wake.set()
         if stuck >= self.options.concurrency:
             logger.critical(
