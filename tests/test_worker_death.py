@@ -2,10 +2,12 @@
 
 The tests after ``queue_rows`` came from the adversarial review of that change; each says what it showed."""
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 
 import pytest
 from django.db import connection
@@ -35,6 +37,32 @@ def listening(count: int) -> bool:
             "AND query NOT LIKE '%%pg_is_in_recovery()%%'"
         )
         return cursor.fetchone()[0] >= count
+
+
+@contextlib.contextmanager
+def claims_failing() -> Iterator[None]:
+    """Claims of any job but the exclusive one break a CHECK (not a lost connection), and the
+    stop's unregistering fails too (a trigger): a dispatcher whose statements keep failing."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "ALTER TABLE axa_queue ADD CONSTRAINT axa_test_no_claims "
+            "CHECK (status <> 'running' OR name = %s) NOT VALID",
+            [EXCLUSIVE],
+        )
+        cursor.execute(
+            "CREATE FUNCTION axa_test_keep() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'axa_worker rows stay (test)'; END $$"
+        )
+        cursor.execute(
+            "CREATE TRIGGER axa_test_keep BEFORE DELETE ON axa_worker FOR EACH ROW EXECUTE FUNCTION axa_test_keep()"
+        )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE axa_queue DROP CONSTRAINT IF EXISTS axa_test_no_claims")
+            cursor.execute("DROP TRIGGER IF EXISTS axa_test_keep ON axa_worker")
+            cursor.execute("DROP FUNCTION IF EXISTS axa_test_keep()")
 
 
 @pytest.mark.halved
@@ -101,27 +129,9 @@ def test_a_dispatcher_whose_statements_keep_failing_lets_the_running_job_finish_
     slow = hostile_jobs.exclusive.perform_later(2 * lease(), log_file)
     first = workers.start("--concurrency", "2", env=workers.env(AXA_TEST_NOTIFY="0"))
     wait_for(lambda: lines(log_file), what="the slow job's start")
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "ALTER TABLE axa_queue ADD CONSTRAINT axa_test_no_claims "
-            "CHECK (status <> 'running' OR name = %s) NOT VALID",
-            [EXCLUSIVE],
-        )
-        cursor.execute(
-            "CREATE FUNCTION axa_test_keep() RETURNS trigger LANGUAGE plpgsql AS "
-            "$$ BEGIN RAISE EXCEPTION 'axa_worker rows stay (test)'; END $$"
-        )
-        cursor.execute(
-            "CREATE TRIGGER axa_test_keep BEFORE DELETE ON axa_worker FOR EACH ROW EXECUTE FUNCTION axa_test_keep()"
-        )
-    try:
+    with claims_failing():
         jobs.add.perform_later(1, 2)
         assert first.wait(timeout=60) == 1
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("ALTER TABLE axa_queue DROP CONSTRAINT IF EXISTS axa_test_no_claims")
-            cursor.execute("DROP TRIGGER IF EXISTS axa_test_keep ON axa_worker")
-            cursor.execute("DROP FUNCTION IF EXISTS axa_test_keep()")
     output = first.stdout.read()
     assert "the dispatcher's statements have failed for over" in output, output
     assert "stopped because its dispatcher thread died" in output, output
@@ -222,29 +232,11 @@ def test_a_stop_begun_while_the_dispatchers_statements_fail_does_not_raise_out_o
     slow = hostile_jobs.exclusive.perform_later(4 * lease(), log_file)
     first = workers.start("--concurrency", "2", env=workers.env(AXA_TEST_NOTIFY="0", AXA_LOG_LEVEL="INFO"))
     wait_for(lambda: lines(log_file), what="the slow job's start")
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "ALTER TABLE axa_queue ADD CONSTRAINT axa_test_no_claims "
-            "CHECK (status <> 'running' OR name = %s) NOT VALID",
-            [EXCLUSIVE],
-        )
-        cursor.execute(
-            "CREATE FUNCTION axa_test_keep() RETURNS trigger LANGUAGE plpgsql AS "
-            "$$ BEGIN RAISE EXCEPTION 'axa_worker rows stay (test)'; END $$"
-        )
-        cursor.execute(
-            "CREATE TRIGGER axa_test_keep BEFORE DELETE ON axa_worker FOR EACH ROW EXECUTE FUNCTION axa_test_keep()"
-        )
-    try:
+    with claims_failing():
         jobs.add.perform_later(1, 2)
         said = read_until(first, "dispatcher statement failed")
         first.send_signal(signal.SIGTERM)
         code = exited(first, 60)
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("ALTER TABLE axa_queue DROP CONSTRAINT IF EXISTS axa_test_no_claims")
-            cursor.execute("DROP TRIGGER IF EXISTS axa_test_keep ON axa_worker")
-            cursor.execute("DROP FUNCTION IF EXISTS axa_test_keep()")
     output = said + first.stdout.read()
     row = fresh(slow)
     assert (row.status, row.attempts) == ("completed", 1), (row.status, row.errors)
