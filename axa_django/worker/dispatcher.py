@@ -239,7 +239,8 @@ class Dispatcher:
         thread that died outside its job: no thread will run them, and the stop waited for them
         for ever, heartbeating their lease (review).
         """
-        ids = self.ledger.ids()
+        ids, ended = self.ledger.unfinished()
         if ids and self.db.execute(sql.UNCLAIM, {"ids": ids, "worker": self.worker_id}) is not None:
             logger.warning("gave %d job(s) no job thread was left to run back to the queue", len(ids))
-        self.ledger.forget(ids)
+        # Ran already, their thread dying after handing the outcome on: the finisher writes it.
+        self.ledger.forget([*ids, *ended])

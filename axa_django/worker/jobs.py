@@ -101,24 +101,31 @@ class JobThreads:
                     logger.exception("running job %s %s failed outside the job", job.name, job.id)
                     outcome = failure(job, None, error, self.worker_id)
                 if job.watch is not None and not job.watch.settle():
-                    # Given up at its timeout, outcome written, a new thread in its place.
+                    # Given up at its timeout, outcome written, a new thread in its place. Stuck
+                    # no more: its ident goes free, and a new thread that took it over was
+                    # counted stuck, and its job given back by a stop while it ran (review).
                     logger.warning("job %s %s returned after it was given up; its outcome is dropped", job.name, job.id)
+                    ledger.unstuck(threading.get_ident())
                     return
                 seconds = time.monotonic() - started
                 ledger.timed(seconds)
                 ledger.finished(job, outcome, started=job_start)
-                if outcome.lost is not None:
-                    self._lost(job, outcome)
-                if self.options.log_attempts:
-                    status, delay = outcome.status, outcome.delay
-                    attempt_line(job.name, job.id, job.attempt, job.max_attempts, seconds, status, delay)
                 try:
-                    send_finished(function, outcome, robust=True)
-                    if runner is not None:
-                        runner.finished(outcome)
-                except Exception:
-                    logger.exception("a finished signal of job %s %s raised", job.name, job.id)
-                ledger.release(job, outcome)
+                    if outcome.lost is not None:
+                        self._lost(job, outcome)
+                    if self.options.log_attempts:
+                        status, delay = outcome.status, outcome.delay
+                        attempt_line(job.name, job.id, job.attempt, job.max_attempts, seconds, status, delay)
+                    try:
+                        send_finished(function, outcome, robust=True)
+                        if runner is not None:
+                            runner.finished(outcome)
+                    except Exception:
+                        logger.exception("a finished signal of job %s %s raised", job.name, job.id)
+                finally:
+                    # Its outcome is the finisher's now, whatever ends this thread (a receiver's
+                    # SystemExit): held on, a stop gave the job back and it ran again (review).
+                    ledger.release(job, outcome)
                 self.control.rouse()
         finally:
             connections.close_all()

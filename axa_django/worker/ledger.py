@@ -93,6 +93,12 @@ class Ledger:
         with self._lock:
             return list(self._in_flight)
 
+    def unfinished(self) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
+        """Ids of the jobs held: those without an outcome, and those whose outcome the finisher has."""
+        with self._lock:
+            ended = [job_id for job_id in self._in_flight if job_id in self._pending]
+            return [job_id for job_id in self._in_flight if job_id not in self._pending], ended
+
     def owned(self) -> list[uuid.UUID]:
         """Ids of every job whose row this worker still owns: held, its outcome not yet written, or unwritable."""
         with self._lock:
@@ -241,6 +247,11 @@ class Ledger:
         with self._lock:
             self._stuck.add(thread_ident)
             return len(self._stuck)
+
+    def unstuck(self, thread_ident: int | None) -> None:
+        """A thread given up returned after all (and ends): its ident may go to a new thread."""
+        with self._lock:
+            self._stuck.discard(thread_ident)
 
     def is_stuck(self, thread_ident: int | None) -> bool:
         """Whether ``thread_ident`` was given up (it may never return)."""

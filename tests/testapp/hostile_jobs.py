@@ -11,7 +11,7 @@ from django.db import connection, transaction
 from django.dispatch import receiver
 
 from axa_django import background_job
-from axa_django.signals import job_enqueued
+from axa_django.signals import job_enqueued, job_finished
 from tests.tasks_api import task
 
 
@@ -187,3 +187,63 @@ if os.environ.get("AXA_TEST_SLOW_HOUSEKEEPING"):
 @task
 def task_raise_base(kind: str) -> None:
     raise _KINDS[kind]("raised by the task")
+
+
+# -- tests/test_worker_death_held.py -------------------------------------------------------
+
+
+@background_job
+def write_stuck_idents(path: str) -> str:
+    """Write the idents of the job threads the worker's ledger counts stuck (given up at their timeout)."""
+    ledger = _local("ledger", "Ledger")
+    with open(path, "w") as f:
+        f.write(" ".join(str(ident) for ident in ledger._stuck))
+    return "written"
+
+
+@background_job(takes_context=True)
+def probe_stuck_ident(context, log: str, idents: str, marked_seconds: float, other_seconds: float) -> str:
+    """Run ``marked_seconds`` on a job thread whose ident a thread given up had (``idents``: a file of
+    ``write_stuck_idents``), else ``other_seconds``.
+
+    Logs "start <pid> <thread> reused=<bool> alone|overlap <job id>" (an advisory lock per job id: "overlap" means
+    another run of this very job was still inside this code in a live process) and "end <pid> <thread> <job id>"."""
+    with open(idents) as f:
+        marked = str(threading.get_ident()) in f.read().split()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [str(context.job_id)])
+        alone = cursor.fetchone()[0]
+        _mark(
+            log,
+            f"start {os.getpid()} {threading.current_thread().name} reused={marked} "
+            f"{'alone' if alone else 'overlap'} {context.job_id}",
+        )
+        time.sleep(marked_seconds if marked else other_seconds)
+        _mark(log, f"end {os.getpid()} {threading.current_thread().name} {context.job_id}")
+        if alone:
+            cursor.execute("SELECT pg_advisory_unlock(hashtext(%s))", [str(context.job_id)])
+    return threading.current_thread().name
+
+
+@background_job
+def finish_then_die(log: str, seconds: float) -> str:
+    """Run ``seconds``, then log "ran <pid>"; a job_finished receiver (below) then raises SystemExit in the job
+    thread, after the outcome was handed to the finisher: the thread dies outside its job."""
+    time.sleep(seconds)
+    _mark(log, f"ran {os.getpid()}")
+    return "done"
+
+
+_DIE_AFTER = "tests.testapp.hostile_jobs.finish_then_die"
+
+
+def _die_after_finish(sender, name=None, **kwargs) -> None:
+    if (
+        name == _DIE_AFTER
+        and threading.current_thread().name.startswith("axa-job-")
+        and os.environ.get("AXA_TEST_DIE_AFTER_FINISH")
+    ):
+        raise SystemExit("a job_finished receiver ended its thread (test)")
+
+
+job_finished.connect(_die_after_finish, dispatch_uid="review_held_die_after_finish")
