@@ -181,3 +181,67 @@ def test_a_dead_job_threads_unstarted_job_goes_back_once_and_the_other_threads_j
     done = list(Job.objects.filter(name=RECORD).values_list("status", "attempts"))
     assert done == [("completed", 1), ("completed", 1)], done
     assert second.poll() is None
+
+
+# From the third review (of 93c14dc, which unstuck a returning thread by its ident): a given-up thread that
+# returns while the watchdog is between ``watch.abandon()`` and ``ledger.stuck()`` was counted stuck after it
+# had ended, and its ident's next thread with it.
+@pytest.mark.halved
+@pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
+def test_a_given_up_thread_returning_before_the_watchdog_counts_it_is_not_left_counted_stuck(
+    workers,
+    log_file,
+    fifo,  # noqa: F811 - the fixture imported
+    tmp_path,
+):
+    # _give_up: abandon() -> failure() (logs) -> finished -> release -> stuck(ident). The job thread, its C call
+    # ended just after abandon(): settle() False -> unstuck(ident) (nothing to discard yet) -> exits. Then the
+    # watchdog adds the dead thread's ident: counted stuck for ever, and the replacement it starts at once
+    # (glibc reuses the freed stack: same pthread ident) is "stuck" while it runs jobs. The hostile module
+    # holds the watchdog at failure()'s log line until the given-up thread has exited (AXA_TEST_GIVE_UP_RACE).
+    env = workers.env(AXA_TEST_LEASE="10", AXA_TEST_GIVE_UP_RACE=str(fifo))
+    proc = workers.start("--concurrency", "3", "--timeout-grace", "0.2", "-v", "1", env=env)
+    output = Output(proc)
+    first = flow_jobs.blocked.perform_later(str(fifo))
+    try:
+        wait_for(lambda: fresh(first).status == "failed", what="the stuck attempt given up")
+    except AssertionError:
+        raise AssertionError("".join(output.lines)[-3000:]) from None
+    wait_for(lambda: output.has("starting a new job thread in its place"), what="the replacement")
+    assert output.has("returned after it was given up")
+    idents = str(tmp_path / "idents")
+    noted = hostile_jobs.write_stuck_idents.perform_later(idents)
+    wait_for(lambda: fresh(noted).status == "completed", what="the stuck idents written")
+    with open(idents) as f:
+        phantom = f.read().split()
+    live = [t for t in os.listdir(f"/proc/{proc.pid}/task")]
+    long = 12.0
+    probes = [hostile_jobs.probe_stuck_ident.perform_later(log_file, idents, long, 1.0) for _ in range(3)]
+    wait_for(lambda: len(lines(log_file)) >= 3, what="the probes' starts")
+    marked = [line for line in lines(log_file) if line.startswith("start") and "reused=True" in line]
+    overlap, said, code, rows = False, "", None, []
+    if marked:
+        other = workers.start("--concurrency", "1", "--job", PROBE, env=workers.env(AXA_TEST_LEASE="10"))
+        wait_for(lambda: listening(2), what="both workers listening")
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1 FROM axa_worker WHERE pid = %s FOR UPDATE", [proc.pid])
+            proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline and not any("overlap" in line for line in lines(log_file)):
+                time.sleep(0.02)
+            rows = [(p.pk, row(p)) for p in probes]
+        code = exited(proc, 30)
+        said = "\n".join(output.lines)
+        overlap = any("overlap" in line for line in lines(log_file))
+        print("exit", code, "runs:", *lines(log_file), "rows:", *rows, sep="\n")
+        assert other.poll() is None
+    print("stuck idents with no thread stuck:", phantom, "threads:", len(live), "reused:", marked)
+    assert not overlap and "no job thread was left to run back to the queue" not in said, (
+        code,
+        lines(log_file),
+        rows,
+        phantom,
+        said[-2500:],
+    )
+    assert phantom == [], f"the ledger counts {phantom} stuck, yet the given-up thread returned and exited"

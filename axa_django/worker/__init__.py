@@ -273,7 +273,7 @@ class Worker:
         if self.listener.enabled:
             db.execute(sql.WAKE, {})  # lets the listener see that we stop
         for thread in control.threads:
-            if ledger.is_stuck(thread.ident):
+            if ledger.is_stuck(thread):
                 continue  # stuck in a job past its timeout: it may never return
             waits = thread.name in ("axa-finisher", "axa-listener") or not control.aborting.is_set()
             if waits and thread.name not in ("axa-heartbeat", "axa-watchdog"):

@@ -67,7 +67,7 @@ class JobThreads:
 
     def alive(self) -> bool:
         """Whether a job thread is left to run a job handed out (one given up at its timeout is not)."""
-        return any(thread.is_alive() and not self.ledger.is_stuck(thread.ident) for thread in self._threads)
+        return any(thread.is_alive() and not self.ledger.is_stuck(thread) for thread in self._threads)
 
     def stop(self) -> None:
         """Let each job thread end once the jobs handed out before are done."""
@@ -101,11 +101,8 @@ class JobThreads:
                     logger.exception("running job %s %s failed outside the job", job.name, job.id)
                     outcome = failure(job, None, error, self.worker_id)
                 if job.watch is not None and not job.watch.settle():
-                    # Given up at its timeout, outcome written, a new thread in its place. Stuck
-                    # no more: its ident goes free, and a new thread that took it over was
-                    # counted stuck, and its job given back by a stop while it ran (review).
+                    # Given up at its timeout, outcome written, a new thread in its place.
                     logger.warning("job %s %s returned after it was given up; its outcome is dropped", job.name, job.id)
-                    ledger.unstuck(threading.get_ident())
                     return
                 seconds = time.monotonic() - started
                 ledger.timed(seconds)

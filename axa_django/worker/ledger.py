@@ -59,7 +59,7 @@ class Ledger:
         # Workers live within their lease, this one included, as the last registration or
         # beat read them (the dispatcher's rows claimed ahead shrink as the fleet grows).
         self.fleet = 1
-        self._stuck: set[int | None] = set()  # job threads given up at their timeout
+        self._stuck: set[threading.Thread | None] = set()  # job threads given up at their timeout
         self._stalled_since: float | None = None  # when job threads began to wait for outcomes to be written
         # Ids whose outcomes were written while a claim ran (``claim_begins`` to ``claim_ends``):
         # an outcome written after the claim took its row again wrote over the new claim.
@@ -242,20 +242,24 @@ class Ledger:
                     self._stalled_since = float("inf")  # said once per stall
                 self._written.wait(0.5)  # the timeout sees ``abort``, which nothing notifies
 
-    def stuck(self, thread_ident: int | None) -> int:
-        """A job thread was given up; return how many are stuck."""
+    def stuck(self, thread: threading.Thread | None) -> int:
+        """A job thread was given up; return how many stuck threads live."""
         with self._lock:
-            self._stuck.add(thread_ident)
-            return len(self._stuck)
+            self._stuck.add(thread)
+            return len(self.stuck_threads())
 
-    def unstuck(self, thread_ident: int | None) -> None:
-        """A thread given up returned after all (and ends): its ident may go to a new thread."""
-        with self._lock:
-            self._stuck.discard(thread_ident)
+    def stuck_threads(self) -> list[threading.Thread]:
+        """The job threads given up that still live (one that returned after all has ended).
 
-    def is_stuck(self, thread_ident: int | None) -> bool:
-        """Whether ``thread_ident`` was given up (it may never return)."""
-        return thread_ident in self._stuck
+        Threads, not idents: a given-up thread that returned and ended left its ident to the
+        next thread started, which counted stuck while it ran jobs; and one that returned
+        before the watchdog counted it stayed counted for good (reviews).
+        """
+        return [thread for thread in list(self._stuck) if thread is not None and thread.is_alive()]
+
+    def is_stuck(self, thread: threading.Thread) -> bool:
+        """Whether ``thread`` was given up (it may never return)."""
+        return thread in self._stuck and thread.is_alive()
 
     # -- claimed ahead ---------------------------------------------------------------
 

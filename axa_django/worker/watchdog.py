@@ -98,7 +98,7 @@ class Watchdog:
         # Counted stuck once its job is no longer held: a stop that finds no job thread left
         # gives back what is still held, and would have given back this job, its thread
         # still in it.
-        stuck = self.ledger.stuck(watch.thread_ident)
+        stuck = self.ledger.stuck(watch.thread)
         self.control.wake.set()
         if stuck >= self.options.concurrency:
             logger.critical(

@@ -194,10 +194,10 @@ def task_raise_base(kind: str) -> None:
 
 @background_job
 def write_stuck_idents(path: str) -> str:
-    """Write the idents of the job threads the worker's ledger counts stuck (given up at their timeout)."""
+    """Write the idents of the job threads the worker's ledger counts stuck (given up at their timeout, alive)."""
     ledger = _local("ledger", "Ledger")
     with open(path, "w") as f:
-        f.write(" ".join(str(ident) for ident in ledger._stuck))
+        f.write(" ".join(str(thread.ident) for thread in ledger.stuck_threads()))
     return "written"
 
 
@@ -247,3 +247,41 @@ def _die_after_finish(sender, name=None, **kwargs) -> None:
 
 
 job_finished.connect(_die_after_finish, dispatch_uid="review_held_die_after_finish")
+
+
+# -- tests/test_worker_death_held.py: the third review ---------------------------------------
+
+if os.environ.get("AXA_TEST_GIVE_UP_RACE"):
+    import logging
+
+    _returned = threading.Event()
+    _returned_ident: list[int] = []
+
+    class _GiveUpRace(logging.Filter):
+        """Hold the watchdog between ``watch.abandon()`` and ``ledger.stuck()`` (at failure()'s log line, as a
+        blocked stderr or a descheduled thread would) while the given-up thread returns and exits."""
+
+        def filter(self, record: logging.LogRecord) -> bool:
+            text = str(record.msg)
+            if "returned after it was given up" in text:
+                _returned_ident.append(record.thread)
+                _returned.set()
+            elif (
+                record.threadName == "axa-watchdog"
+                and text.startswith("job %s %s failed")
+                and record.args
+                and record.args[0] == "tests.testapp.flow_jobs.blocked"
+                and not _returned.is_set()
+            ):
+                try:
+                    with open(os.environ["AXA_TEST_GIVE_UP_RACE"], "w") as writer:
+                        writer.write("late")  # the given-up thread's C call ends now
+                except BrokenPipeError:
+                    pass  # the reader stopped at once: its JobTimeout was waiting
+                _returned.wait(5)
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline and any(t.ident in _returned_ident for t in threading.enumerate()):
+                    time.sleep(0.01)
+            return True
+
+    logging.getLogger("axa_django").addFilter(_GiveUpRace())
