@@ -242,8 +242,8 @@ def drain(
             raise SystemExit(f"runworker failed ({code}):\n{errors[-3000:]}")
     with connect(url) as conn:
         completed, elapsed = conn.execute(
-            "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at))::float8 "
-            "FROM axa_history WHERE status = 'completed' AND (created_at >= %s::timestamptz OR %s::timestamptz IS NULL)",
+            "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at))::float8 FROM axa_history "
+            "WHERE status = 'completed' AND (created_at >= %s::timestamptz OR %s::timestamptz IS NULL)",
             [since, since],
         ).fetchone()
         (left,) = conn.execute("SELECT count(*) FROM axa_queue WHERE status <> 'completed'").fetchone()
