@@ -18,7 +18,7 @@ from tests.testapp import flow_jobs, hostile_jobs, jobs
 
 PROBE = "tests.testapp.hostile_jobs.probe_stuck_ident"
 DIE_AFTER = "tests.testapp.hostile_jobs.finish_then_die"
-RECORD = "tests.testapp.jobs.record"
+SLOW = "tests.testapp.jobs.slow"
 
 
 def row(job: Job) -> tuple:
@@ -166,19 +166,22 @@ def test_a_dead_job_threads_unstarted_job_goes_back_once_and_the_other_threads_j
     wait_for(lambda: lines(log_file), what="the slow job's start")
     killer = hostile_jobs.kill_an_idle_job_thread.perform_later()
     wait_for(lambda: fresh(killer).status in ("completed", "failed"), what="an idle job thread marked")
-    jobs.record.perform_later_many([{"token": f"t{i}", "log": log_file + ".v"} for i in range(2)])
+    # A second each: the thread that is not marked is busy with one while the marked one takes the other
+    # (jobs of no time let one thread run both, and the marked one, never woken, never died: a flake).
+    jobs.slow.perform_later_many([{"seconds": 1.0, "token": f"t{i}", "log": log_file + ".v"} for i in range(2)])
     assert exited(first, 60) == 1
     out = first.stdout.read()
     assert "died; stopping the worker once its jobs in progress finish" in out, out[-2000:]
     assert lines(log_file) == [f"start {first.pid} alone", f"end {first.pid}"], (lines(log_file), out[-2000:])
     assert fresh(slow).status == "completed"
     given = "gave 1 job(s) no job thread was left to run" in out
-    second = workers.start("--concurrency", "1", "--job", RECORD)
+    second = workers.start("--concurrency", "1", "--job", SLOW)
     wait_for(
-        lambda: Job.objects.filter(name=RECORD, status="completed").count() == 2, timeout=6 * lease(), what="both run"
+        lambda: Job.objects.filter(name=SLOW, status="completed").count() == 2, timeout=6 * lease(), what="both run"
     )
-    assert sorted(lines(log_file + ".v")) == ["t0", "t1"], (lines(log_file + ".v"), given)
-    done = list(Job.objects.filter(name=RECORD).values_list("status", "attempts"))
+    starts = [line.split()[1] for line in lines(log_file + ".v") if line.startswith("start")]
+    assert sorted(starts) == ["t0", "t1"], (lines(log_file + ".v"), given)
+    done = list(Job.objects.filter(name=SLOW).values_list("status", "attempts"))
     assert done == [("completed", 1), ("completed", 1)], done
     assert second.poll() is None
 
