@@ -104,14 +104,20 @@ def test_a_watch_never_raises_outside_the_jobs_code() -> None:
     assert settled.deadline is not None and settled.leave() is False
 
 
-@pytest.fixture
-def fifo(tmp_path):
-    path = tmp_path / "fifo"
+@contextlib.contextmanager
+def a_fifo(path):
+    """A named pipe at ``path`` (a job blocked reading it is stuck outside Python)."""
     os.mkfifo(path)
     yield path
     # Free a reader still blocked in open(), whatever the test did (ENXIO: there is none).
     with contextlib.suppress(OSError):
         os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+
+@pytest.fixture
+def fifo(tmp_path):
+    with a_fifo(tmp_path / "fifo") as path:
+        yield path
 
 
 def release(path) -> None:

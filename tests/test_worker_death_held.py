@@ -1,7 +1,6 @@
 """A stop that gives back the jobs held once no job thread is alive must give back none a thread still runs,
 nor one that ran. From the second review of that change (f37c8f9); each test says what it showed."""
 
-import contextlib
 import os
 import signal
 import time
@@ -11,7 +10,7 @@ from django.db import connection, transaction
 
 from axa_django.models import Job
 from tests.conftest import AXA_APPS, wait_for
-from tests.test_flow_timeout import Output, fifo, release  # noqa: F401  (fifo: a fixture)
+from tests.test_flow_timeout import Output, a_fifo, fifo, release  # noqa: F401  (fifo: a fixture)
 from tests.test_reliability import fresh, lease, lines
 from tests.test_worker_death import exited, listening
 from tests.testapp import flow_jobs, hostile_jobs, jobs
@@ -27,13 +26,25 @@ def row(job: Job) -> tuple:
         return cursor.fetchone()
 
 
+def stop_while_probed(proc, log_file: str, probes: list) -> tuple[int | None, list]:
+    """SIGTERM ``proc`` while its stop's last statement (UNREGISTER) waits on a lock on its axa_worker row
+    (3 s at most), so that its exit cannot end a probe given back before another worker starts it; its exit
+    code and the probes' rows (status, attempts, worker_id IS NULL) at the stop."""
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM axa_worker WHERE pid = %s FOR UPDATE", [proc.pid])
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and not any("overlap" in line for line in lines(log_file)):
+            time.sleep(0.02)
+        rows = [(p.pk, row(p)) for p in probes]
+    return exited(proc, 30), rows
+
+
 @pytest.fixture
 def fifo2(tmp_path):
-    path = tmp_path / "fifo2"
-    os.mkfifo(path)
-    yield path
-    with contextlib.suppress(OSError):
-        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    with a_fifo(tmp_path / "fifo2") as path:
+        yield path
 
 
 @pytest.mark.halved
@@ -80,17 +91,7 @@ def test_a_graceful_stop_does_not_give_back_the_job_a_replacement_thread_runs_wh
     # Another worker that runs only the probes, listening: a probe given back now is claimed at once.
     other = workers.start("--concurrency", "1", "--job", PROBE, env=env)
     wait_for(lambda: listening(2), what="both workers listening")
-    # The first worker's exit must not end the run given back before the other starts it: its stop's
-    # last statement (UNREGISTER) waits on a lock on its axa_worker row, held 3 s at most.
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1 FROM axa_worker WHERE pid = %s FOR UPDATE", [proc.pid])
-        proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline and not any("overlap" in line for line in lines(log_file)):
-            time.sleep(0.02)
-        rows = [(p.pk, row(p)) for p in probes]
-    code = exited(proc, 30)
+    code, rows = stop_while_probed(proc, log_file, probes)
     said = "\n".join(output.lines)
     ran = lines(log_file)
     print("exit", code, "runs:", *ran, "rows (status, attempts, worker_id IS NULL) at the stop:", *rows, sep="\n")
@@ -226,15 +227,7 @@ def test_a_given_up_thread_returning_before_the_watchdog_counts_it_is_not_left_c
     if marked:
         other = workers.start("--concurrency", "1", "--job", PROBE, env=workers.env(AXA_TEST_LEASE="10"))
         wait_for(lambda: listening(2), what="both workers listening")
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT 1 FROM axa_worker WHERE pid = %s FOR UPDATE", [proc.pid])
-            proc.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + 3
-            while time.monotonic() < deadline and not any("overlap" in line for line in lines(log_file)):
-                time.sleep(0.02)
-            rows = [(p.pk, row(p)) for p in probes]
-        code = exited(proc, 30)
+        code, rows = stop_while_probed(proc, log_file, probes)
         said = "\n".join(output.lines)
         overlap = any("overlap" in line for line in lines(log_file))
         print("exit", code, "runs:", *lines(log_file), "rows:", *rows, sep="\n")
