@@ -56,8 +56,8 @@ class Watch:
         self._raised = False  # whether fire() has run (JobTimeout raised, if the job's code was running)
         self.abandoned = False
         self._settled = False
-        self.thread_ident: int | None = None  # the job thread, once it starts the job's code
-        # The thread itself: an ident goes to a new thread once its own has ended.
+        # The job thread, once it starts the job's code: the thread, not its ident, which goes
+        # to a new thread once this one has ended.
         self.thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._inside: int | None = None  # the job thread's ident while it runs the job's code
@@ -108,7 +108,7 @@ class Watch:
     def enter(self) -> None:
         """The job thread starts the job's code: the attempt's clock starts now."""
         with self._lock:
-            self._inside = self.thread_ident = threading.get_ident()
+            self._inside = threading.get_ident()
             self.thread = threading.current_thread()
             if self.deadline is None:
                 now = time.monotonic()

@@ -245,7 +245,7 @@ class Ledger:
     def stuck(self, thread: threading.Thread | None) -> int:
         """A job thread was given up; return how many stuck threads live."""
         with self._lock:
-            self._stuck.add(thread)
+            self._stuck = {*self.stuck_threads(), thread}  # those that ended are forgotten
             return len(self.stuck_threads())
 
     def stuck_threads(self) -> list[threading.Thread]:
