@@ -16,3 +16,5 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AXA_DJANGO = {"POLL_INTERVAL": 1.0}
 if os.environ.get("AXA_BENCH_RETENTION"):  # benchmarks/soak.py --retention
     AXA_DJANGO["RETENTION"] = float(os.environ["AXA_BENCH_RETENTION"])
+if os.environ.get("AXA_BENCH_TRANSACTION_POOLING") == "1":  # benchmarks/spread.py --pooler
+    AXA_DJANGO["TRANSACTION_POOLING"] = True

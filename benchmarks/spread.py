@@ -38,6 +38,7 @@ import tempfile
 import threading
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -160,6 +161,7 @@ def drain(
     warm: str | None = None,
     perf_ctl: str = "",
     registered: int = 0,
+    pooler: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """``processes`` workers on the rows: seconds from the first job's start to the last one's end,
     the workers' CPU and the server's, the jobs completed, lock waits per sample and the most
@@ -168,9 +170,14 @@ def drain(
     the rows written by ``insert``: CPU from its commit to the last job's end (then the workers stop),
     and their own backends' CPU apart (``backends_cpu``). ``warm``: rows the started workers drain first,
     left out of every figure (a fleet that has run jobs before: plans made, caches filled). ``registered``:
-    the worker rows to wait for (per-queue pools: one a pool), by default one a process."""
+    the worker rows to wait for (per-queue pools: one a pool), by default one a process. ``pooler``:
+    (port, pid) of a PgBouncer in transaction mode on this host that the workers reach the server through."""
     env = dict(os.environ, DATABASE_URL=url, PYTHONPATH=str(root), BENCH_SPREAD_NAMES=str(NAMES))
     env["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
+    if pooler is not None:
+        parts = urlsplit(url)
+        netloc = f"{parts.netloc.rpartition('@')[0]}@{parts.hostname}:{pooler[0]}"
+        env.update(DATABASE_URL=urlunsplit(parts._replace(netloc=netloc)), AXA_BENCH_TRANSACTION_POOLING="1")
     # One argument list for every process, or one list each (--per-queue).
     each = worker_args if worker_args and isinstance(worker_args[0], list) else [worker_args] * processes
     commands = [[sys.executable, "-m", "django", "runworker", *own] for own in each]
@@ -187,7 +194,8 @@ def drain(
     ]
     atexit.register(lambda: [proc.kill() for proc in procs if proc.poll() is None])
     processes = len(procs)
-    pids = [proc.pid for proc in procs]
+    # The pooler's CPU counts as the workers' (their cost on this side), its server connections as theirs.
+    pids = [proc.pid for proc in procs] + ([pooler[1]] if pooler is not None else [])
     if insert is not None:
         with connect(url) as conn:
             # Registered and beaten once each: a running fleet, each worker knowing its size.
@@ -315,6 +323,12 @@ def main() -> None:
         default=ROOT,
         help="run the workers from this checkout (an A/B of the worker's code under the same harness)",
     )
+    parser.add_argument(
+        "--pooler",
+        default="",
+        help="PORT:PID of a PgBouncer in transaction mode on this host (its [databases] reaching the server): "
+        "the workers connect through it with TRANSACTION_POOLING on; its CPU counts as theirs",
+    )
     parser.add_argument("--waits", type=int, default=0, help="after each drain, the N commonest lock waits")
     parser.add_argument(
         "--warm",
@@ -373,6 +387,7 @@ def main() -> None:
                     warm,
                     args.perf_ctl,
                     pools,
+                    tuple(int(part) for part in args.pooler.split(":")) if args.pooler else None,  # type: ignore[arg-type]
                 )
                 done = run["completed"]
                 label = f"{shape} per queue" if per_queue else f"{shape} pools" if pools else shape
