@@ -277,12 +277,13 @@ def drain(
 
 
 # The statements that took the server's time over a drain (--statements; the extension
-# must be loaded and created in the database): calls, ms, buffers and rows a call.
+# must be loaded and created in the database): calls, ms, buffers and rows a call, and
+# plans and their ms a call (0 unless pg_stat_statements.track_planning is on).
 TOP_STATEMENTS = """
 SELECT calls, total_exec_time / calls, (shared_blks_hit + shared_blks_read) / calls, rows / calls,
-    left(regexp_replace(query, '\\s+', ' ', 'g'), 90)
+    plans, total_plan_time / greatest(plans, 1), left(regexp_replace(query, '\\s+', ' ', 'g'), 90)
 FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-ORDER BY total_exec_time DESC LIMIT %s
+ORDER BY total_exec_time + total_plan_time DESC LIMIT %s
 """
 
 
@@ -399,8 +400,11 @@ def main() -> None:
                     + (f" {run['wal'] / done:>15.0f}" if run["wal"] is not None else ""),
                     flush=True,
                 )
-                for calls, ms, buffers, got, query in run["statements"]:
-                    print(f"    {calls:>8} calls {ms:>8.3f} ms {buffers:>8.0f} buffers {got:>6.0f} rows  {query}")
+                for calls, ms, buffers, got, plans, plan_ms, query in run["statements"]:
+                    print(
+                        f"    {calls:>8} calls {ms:>8.3f} ms {buffers:>8.0f} buffers {got:>6.0f} rows "
+                        f"{plans:>8} plans {plan_ms:>6.3f} ms  {query}"
+                    )
                 if args.waits:
                     print(
                         "    active backends a sample: " + ", ".join(f"{e} {n:.2f}" for e, n in run["events"].items())
