@@ -175,9 +175,9 @@ def drain(
     env = dict(os.environ, DATABASE_URL=url, PYTHONPATH=str(root), BENCH_SPREAD_NAMES=str(NAMES))
     env["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
     if pooler is not None:
-        parts = urlsplit(url)
-        netloc = f"{parts.netloc.rpartition('@')[0]}@{parts.hostname}:{pooler[0]}"
-        env.update(DATABASE_URL=urlunsplit(parts._replace(netloc=netloc)), AXA_BENCH_TRANSACTION_POOLING="1")
+        parts = urlsplit(url)  # the same user, password and database, on the pooler's port
+        netloc = f"{parts.netloc.rpartition('@')[0]}@127.0.0.1:{pooler[0]}"
+        env.update(DATABASE_URL=urlunsplit(parts._replace(netloc=netloc, query="")), AXA_BENCH_TRANSACTION_POOLING="1")
     # One argument list for every process, or one list each (--per-queue).
     each = worker_args if worker_args and isinstance(worker_args[0], list) else [worker_args] * processes
     commands = [[sys.executable, "-m", "django", "runworker", *own] for own in each]

@@ -223,3 +223,22 @@ def test_the_spread_benchmark_drains_each_shape_with_its_processes_once_each():
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [line.split() for line in result.stdout.splitlines() if re.match(r"(names|priorities|queues):", line)]
     assert [(line[0], line[1], line[2]) for line in lines] == [("names:20x10", "2", "200")], result.stdout
+
+
+@pytest.mark.halved
+@pytest.mark.django_db(transaction=True)
+def test_the_spread_benchmark_drains_through_a_transaction_pool(pgbouncer):
+    bouncer = pgbouncer("transaction", pool_size=2)
+    database = f"{connection.settings_dict['NAME']}_spreadpool"
+    env = dict(os.environ, DATABASE_URL=database_url())
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    command = [sys.executable, "benchmarks/spread.py", "--jobs", "200", "--rounds", "1", "--db", database]
+    command += ["--shapes", "names:1x200", "--processes", "2", "--start-first", "--worker-args", "--concurrency 1"]
+    command += ["--pooler", f"{bouncer.port}:{bouncer.proc.pid}"]
+    result = _run_then_drop(command, env, database)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (line,) = [line.split() for line in result.stdout.splitlines() if line.startswith("names:")]
+    assert line[:3] == ["names:1x200", "2", "200"], result.stdout
+    # Two workers hold 8 connections of their own; through the pool the server saw at most its 2
+    # and the harness's own.
+    assert int(line[7]) <= 4, result.stdout
