@@ -241,3 +241,51 @@ def test_a_given_up_thread_returning_before_the_watchdog_counts_it_is_not_left_c
         said[-2500:],
     )
     assert phantom == [], f"the ledger counts {phantom} stuck, yet the given-up thread returned and exited"
+
+
+# -- From the fourth review (of d234159/c726f5e: stuck threads kept as threads, counted while they live) --------
+
+EXCLUSIVE = "tests.testapp.hostile_jobs.exclusive"
+
+
+@pytest.mark.halved
+@pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
+def test_the_stuck_limit_does_not_give_back_the_job_a_replacement_thread_runs(
+    workers,
+    log_file,
+    fifo,  # noqa: F811 - the fixture imported
+    fifo2,
+):
+    # The watchdog exits 1 once ledger.stuck() counts concurrency live stuck threads ("every job thread stuck",
+    # docs/deployment.md), through control.die(): an abort, RELEASE of every job held. But each earlier give-up
+    # started a replacement, which is neither stuck nor idle: with --concurrency 2, the second give-up counts 2
+    # while the first one's replacement (or the other thread) runs a job. That job is given back while its
+    # thread still runs it, and another worker claims and starts it: twice at once.
+    env = workers.env(AXA_TEST_LEASE="10")
+    proc = workers.start("--concurrency", "2", "--timeout-grace", "0.2", "-v", "1", env=env)
+    output = Output(proc)
+    first = flow_jobs.blocked.perform_later(str(fifo))
+    wait_for(lambda: fresh(first).status == "failed", what="the first stuck attempt given up")
+    wait_for(lambda: output.has("starting a new job thread in its place"), what="the replacement")
+    long = hostile_jobs.exclusive.perform_later(8.0, log_file)
+    wait_for(lambda: lines(log_file), what="the long job's start on a live, not stuck, thread")
+    other = workers.start("--concurrency", "1", "--job", EXCLUSIVE, env=env)
+    wait_for(lambda: listening(2), what="both workers listening")
+    # The second give-up reaches the limit; the stop's UNREGISTER waits on the row lock (3 s at most), so
+    # that the first worker's exit cannot end the long job before a run given back starts elsewhere.
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM axa_worker WHERE pid = %s FOR UPDATE", [proc.pid])
+        second = flow_jobs.blocked.perform_later(str(fifo2))
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline and not any("overlap" in line for line in lines(log_file)):
+            time.sleep(0.02)
+        at_stop = row(long)
+    code = exited(proc, 30)
+    said = "\n".join(output.lines)
+    ran = lines(log_file)
+    print("exit", code, "runs:", *ran, "long job (status, attempts, worker_id IS NULL):", at_stop, sep="\n")
+    assert fresh(second).status == "failed" and "stuck in jobs past their timeout" in said, said[-2500:]
+    assert not any("overlap" in line for line in ran), (code, ran, at_stop, said[-2500:])
+    assert code == 1 and ran[:2] == [f"start {proc.pid} alone", f"end {proc.pid}"], (code, ran, said[-2500:])
+    assert other.poll() is None
