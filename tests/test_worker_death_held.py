@@ -289,3 +289,27 @@ def test_the_stuck_limit_does_not_give_back_the_job_a_replacement_thread_runs(
     assert not any("overlap" in line for line in ran), (code, ran, at_stop, said[-2500:])
     assert code == 1 and ran[:2] == [f"start {proc.pid} alone", f"end {proc.pid}"], (code, ran, said[-2500:])
     assert other.poll() is None
+
+
+@pytest.mark.halved
+@pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
+def test_a_graceful_stop_does_not_join_for_ever_a_thread_given_up_but_not_yet_counted_stuck(
+    workers,
+    fifo,  # noqa: F811 - the fixture imported
+):
+    # _give_up: finished -> release -> stuck(thread). Between the last two the job is no longer held and its
+    # thread is not counted stuck. A stop that passes then (held() 0, the outcome written) reaches the join
+    # loop of _shutdown, which skips only threads is_stuck() already, and joins the given-up thread with no
+    # timeout: blocked in C, it may never return; the watchdog counting it a moment later changes nothing.
+    # AXA_TEST_SLOW_STUCK holds the watchdog there (a descheduled thread) for 4 s.
+    env = workers.env(AXA_TEST_LEASE="10", AXA_TEST_SLOW_STUCK="4")
+    proc = workers.start("--concurrency", "2", "--timeout-grace", "0.2", "-v", "1", env=env)
+    output = Output(proc)
+    stuck = flow_jobs.blocked.perform_later(str(fifo))
+    wait_for(lambda: fresh(stuck).status == "failed", what="the stuck attempt given up, its outcome written")
+    assert not output.has("its thread is stuck")  # the watchdog is still before ledger.stuck()
+    proc.send_signal(signal.SIGTERM)
+    code = exited(proc, 20)
+    said = "\n".join(output.lines)
+    assert output.has("its thread is stuck; starting a new job thread"), said[-2000:]
+    assert code == 0, (code, said[-2000:])

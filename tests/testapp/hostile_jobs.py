@@ -285,3 +285,19 @@ if os.environ.get("AXA_TEST_GIVE_UP_RACE"):
             return True
 
     logging.getLogger("axa_django").addFilter(_GiveUpRace())
+
+
+# -- tests/test_worker_death_held.py: the fourth review ---------------------------------------
+
+if os.environ.get("AXA_TEST_SLOW_STUCK"):
+    from axa_django.worker.ledger import Ledger
+
+    _stuck = Ledger.stuck
+
+    def _slow_stuck(self, thread):
+        """Hold the watchdog between ``ledger.release()`` and ``ledger.stuck()`` (as a descheduled thread would):
+        the given-up job is no longer held, its thread not yet counted stuck."""
+        time.sleep(float(os.environ["AXA_TEST_SLOW_STUCK"]))
+        return _stuck(self, thread)
+
+    Ledger.stuck = _slow_stuck
