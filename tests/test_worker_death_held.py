@@ -313,3 +313,42 @@ def test_a_graceful_stop_does_not_join_for_ever_a_thread_given_up_but_not_yet_co
     said = "\n".join(output.lines)
     assert output.has("its thread is stuck; starting a new job thread"), said[-2000:]
     assert code == 0, (code, said[-2000:])
+
+
+@pytest.mark.halved
+@pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
+@pytest.mark.parametrize("concurrency", [2, 1])
+def test_an_async_job_given_up_counts_its_job_thread_stuck_and_the_worker_still_exits(
+    workers,
+    fifo,  # noqa: F811 - the fixture imported
+    tmp_path,
+    concurrency,
+):
+    # An async job's code starts on its job thread (call() -> Watch.enter(): watch.thread is the job thread), then
+    # runs on an event loop of asgiref's, in a ThreadPoolExecutor thread, the job thread waiting on it. Blocked
+    # in C there, its task cannot be cancelled: given up, the job thread is counted stuck (it is, waiting). But
+    # concurrent.futures joins every executor thread at the interpreter's exit (threading._register_atexit),
+    # daemon or not, and that of the blocked loop never ends: the worker stops (UNREGISTER) and never exits,
+    # at a SIGTERM (--concurrency 2) as at the stuck limit (--concurrency 1, exit 1: no restart ever comes).
+    proc = workers.start("--concurrency", str(concurrency), "--timeout-grace", "0.2", "-v", "1")
+    output = Output(proc)
+    stuck = hostile_jobs.async_blocked.perform_later(str(fifo))
+    wait_for(lambda: fresh(stuck).status == "failed", what="the async attempt given up")
+    if concurrency == 2:
+        wait_for(lambda: output.has("its thread is stuck; starting a new job thread"), what="the replacement")
+        names = str(tmp_path / "names")
+        noted = hostile_jobs.write_stuck_names.perform_later(names)
+        wait_for(lambda: fresh(noted).status == "completed", what="the stuck threads' names written")
+        with open(names) as f:
+            counted = f.read().split()
+        assert len(counted) == 1 and counted[0].startswith("axa-job-"), counted
+        proc.send_signal(signal.SIGTERM)
+    code = exited(proc, 20)
+    said = "\n".join(output.lines)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM axa_worker WHERE pid = %s", [proc.pid])
+        registered = cursor.fetchone()[0]
+    alive = os.path.exists(f"/proc/{proc.pid}/task")
+    threads = sorted(os.listdir(f"/proc/{proc.pid}/task")) if alive else []
+    print("exit", code, "registered", registered, "threads left", threads)
+    assert code == (0 if concurrency == 2 else 1), (code, registered, threads, said[-2000:])

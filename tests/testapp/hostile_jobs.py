@@ -289,6 +289,23 @@ if os.environ.get("AXA_TEST_GIVE_UP_RACE"):
 
 # -- tests/test_worker_death_held.py: the fourth review ---------------------------------------
 
+
+@background_job(timeout=0.5)
+async def async_blocked(path: str) -> str:
+    """An async job that blocks its event loop in C (a FIFO's open waits for a writer): no cancel reaches it."""
+    with open(path) as fifo:  # noqa: ASYNC230 - the fault itself
+        return fifo.read()
+
+
+@background_job
+def write_stuck_names(path: str) -> str:
+    """Write the names of the threads the worker's ledger counts stuck (given up at their timeout, alive)."""
+    ledger = _local("ledger", "Ledger")
+    with open(path, "w") as f:
+        f.write(" ".join(thread.name for thread in ledger.stuck_threads()))
+    return "written"
+
+
 if os.environ.get("AXA_TEST_SLOW_STUCK"):
     from axa_django.worker.ledger import Ledger
 
