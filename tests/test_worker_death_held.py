@@ -352,3 +352,41 @@ def test_an_async_job_given_up_counts_its_job_thread_stuck_and_the_worker_still_
     threads = sorted(os.listdir(f"/proc/{proc.pid}/task")) if alive else []
     print("exit", code, "registered", registered, "threads left", threads)
     assert code == (0 if concurrency == 2 else 1), (code, registered, threads, said[-2000:])
+
+
+@pytest.mark.halved
+@pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
+def test_a_replacement_threads_death_stops_the_worker_once_the_others_job_finished(
+    workers,
+    log_file,
+    fifo,  # noqa: F811 - the fixture imported
+):
+    # Disproof attempt: the thread started in a stuck one's place dies outside its job (a job_finished receiver's
+    # SystemExit, on replacement threads only). Control.fail(): a graceful stop; alive() has the other, live and
+    # not stuck, thread, whose job finishes and is not given back; the stuck thread is not joined; exit 1.
+    env = workers.env(AXA_TEST_LEASE="10", AXA_TEST_DIE_AFTER_FINISH="replacement")
+    proc = workers.start("--concurrency", "2", "--timeout-grace", "0.2", "-v", "1", env=env)
+    output = Output(proc)
+    stuck = flow_jobs.blocked.perform_later(str(fifo))
+    wait_for(lambda: fresh(stuck).status == "failed", what="the stuck attempt given up")
+    wait_for(lambda: output.has("starting a new job thread in its place"), what="the replacement")
+    ran = f"{log_file}.ran"
+    for _ in range(8):  # the two live threads take jobs in no set order: until the replacement takes one
+        long = hostile_jobs.exclusive.perform_later(3.0, log_file)
+        wait_for(lambda: len(lines(log_file)) % 2 == 1, what="the long job's start")
+        dying = hostile_jobs.finish_then_die.perform_later(ran, 0.2)
+        wait_for(
+            lambda dying=dying: fresh(dying).status == "completed" or output.has("worker thread axa-job-r1 died"),
+            what="the short job run",
+        )
+        if output.has("worker thread axa-job-r1 died"):
+            break
+        wait_for(lambda long=long: fresh(long).status == "completed", what="the long job's end")
+    else:
+        pytest.skip("the replacement thread took no short job")
+    code = exited(proc, 30)
+    said = "\n".join(output.lines)
+    assert code == 1, (code, said[-2000:])
+    assert fresh(long).status == "completed" and fresh(dying).status == "completed", said[-2000:]
+    assert not any("overlap" in line for line in lines(log_file)) and lines(log_file)[-1] == f"end {proc.pid}"
+    assert len(lines(ran)) == 1 and "back to the queue" not in said, (lines(ran), said[-2000:])

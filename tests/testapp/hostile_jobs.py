@@ -240,7 +240,9 @@ _DIE_AFTER = "tests.testapp.hostile_jobs.finish_then_die"
 def _die_after_finish(sender, name=None, **kwargs) -> None:
     if (
         name == _DIE_AFTER
-        and threading.current_thread().name.startswith("axa-job-")
+        and threading.current_thread().name.startswith(
+            "axa-job-r" if os.environ.get("AXA_TEST_DIE_AFTER_FINISH") == "replacement" else "axa-job-"
+        )
         and os.environ.get("AXA_TEST_DIE_AFTER_FINISH")
     ):
         raise SystemExit("a job_finished receiver ended its thread (test)")
