@@ -4,8 +4,9 @@ A sync job past its deadline gets JobTimeout raised in its thread (an async one 
 task cancelled by ``run_cancellable``). A thread that has not stopped within the grace
 (blocked in C) is given up: the attempt is written as failed with JobTimeout, a new job
 thread takes its slot, and whatever the old thread returns later is dropped. A worker
-left with as many stuck threads as its concurrency exits 1, so that its process
-manager starts a clean one.
+left with as many stuck threads as its concurrency stops as at a first signal (the
+jobs its other threads run finish) and exits 1, so that its process manager starts a
+clean one.
 """
 
 from __future__ import annotations
@@ -105,7 +106,9 @@ class Watchdog:
                 "%d job thread(s) are stuck in jobs past their timeout; exiting 1 so that the worker is restarted",
                 stuck,
             )
-            self.control.die("stuck job")
+            # As at a first signal, not an abort: the threads started in earlier stuck ones' places
+            # may be running jobs, which an abort gave back while they ran (twice at once, review).
+            self.control.fail("stuck job")
             return
         logger.error("job %s %s: its thread is stuck; starting a new job thread in its place", job.name, job.id)
         self.replace()

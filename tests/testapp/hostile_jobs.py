@@ -240,7 +240,9 @@ _DIE_AFTER = "tests.testapp.hostile_jobs.finish_then_die"
 def _die_after_finish(sender, name=None, **kwargs) -> None:
     if (
         name == _DIE_AFTER
-        and threading.current_thread().name.startswith("axa-job-")
+        and threading.current_thread().name.startswith(
+            "axa-job-r" if os.environ.get("AXA_TEST_DIE_AFTER_FINISH") == "replacement" else "axa-job-"
+        )
         and os.environ.get("AXA_TEST_DIE_AFTER_FINISH")
     ):
         raise SystemExit("a job_finished receiver ended its thread (test)")
@@ -285,3 +287,36 @@ if os.environ.get("AXA_TEST_GIVE_UP_RACE"):
             return True
 
     logging.getLogger("axa_django").addFilter(_GiveUpRace())
+
+
+# -- tests/test_worker_death_held.py: the fourth review ---------------------------------------
+
+
+@background_job(timeout=0.5)
+async def async_blocked(path: str) -> str:
+    """An async job that blocks its event loop in C (a FIFO's open waits for a writer): no cancel reaches it."""
+    with open(path) as fifo:  # blocks the loop: the fault itself
+        return fifo.read()
+
+
+@background_job
+def write_stuck_names(path: str) -> str:
+    """Write the names of the threads the worker's ledger counts stuck (given up at their timeout, alive)."""
+    ledger = _local("ledger", "Ledger")
+    with open(path, "w") as f:
+        f.write(" ".join(thread.name for thread in ledger.stuck_threads()))
+    return "written"
+
+
+if os.environ.get("AXA_TEST_SLOW_STUCK"):
+    from axa_django.worker.ledger import Ledger
+
+    _stuck = Ledger.stuck
+
+    def _slow_stuck(self, thread):
+        """Hold the watchdog between ``ledger.release()`` and ``ledger.stuck()`` (as a descheduled thread would):
+        the given-up job is no longer held, its thread not yet counted stuck."""
+        time.sleep(float(os.environ["AXA_TEST_SLOW_STUCK"]))
+        return _stuck(self, thread)
+
+    Ledger.stuck = _slow_stuck

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
 import sys
 from typing import Any
 
@@ -175,6 +176,16 @@ class Command(BaseCommand):
             code = reloading.serve(worker) if reload else worker.run()
         except (CannotConnect, NotMigrated, PoolerMisconfigured) as error:
             raise CommandError(str(error), returncode=2) from None
+        members = worker.workers if isinstance(worker, Pools) else [worker]
+        if any(member.ledger.stuck_threads() for member in members):
+            # A job thread given up at its timeout may wait on a thread that Python joins at its
+            # exit: an async job's event loop, which asgiref runs on a concurrent.futures thread
+            # (every one is joined at exit, daemon or not). Blocked, the worker stopped and never
+            # exited, even at the stuck limit (review).
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
         if code:
             sys.exit(code)
 
