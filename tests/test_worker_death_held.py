@@ -330,7 +330,9 @@ def test_an_async_job_given_up_counts_its_job_thread_stuck_and_the_worker_still_
     # concurrent.futures joins every executor thread at the interpreter's exit (threading._register_atexit),
     # daemon or not, and that of the blocked loop never ends: the worker stops (UNREGISTER) and never exits,
     # at a SIGTERM (--concurrency 2) as at the stuck limit (--concurrency 1, exit 1: no restart ever comes).
-    proc = workers.start("--concurrency", str(concurrency), "--timeout-grace", "0.2", "-v", "1")
+    handlers_ran = tmp_path / "atexit"
+    env = workers.env(AXA_TEST_ATEXIT_FILE=str(handlers_ran))
+    proc = workers.start("--concurrency", str(concurrency), "--timeout-grace", "0.2", "-v", "1", env=env)
     output = Output(proc)
     stuck = hostile_jobs.async_blocked.perform_later(str(fifo))
     wait_for(lambda: fresh(stuck).status == "failed", what="the async attempt given up")
@@ -352,6 +354,7 @@ def test_an_async_job_given_up_counts_its_job_thread_stuck_and_the_worker_still_
     threads = sorted(os.listdir(f"/proc/{proc.pid}/task")) if alive else []
     print("exit", code, "registered", registered, "threads left", threads)
     assert code == (0 if concurrency == 2 else 1), (code, registered, threads, said[-2000:])
+    assert handlers_ran.read_text() == "ran"  # its exit handlers ran all the same
 
 
 @pytest.mark.halved

@@ -1,6 +1,7 @@
 """Jobs that behave as no job should: what the worker must survive (tests/test_hardening.py)."""
 
 import asyncio
+import atexit
 import ctypes
 import os
 import sys
@@ -320,3 +321,8 @@ if os.environ.get("AXA_TEST_SLOW_STUCK"):
         return _stuck(self, thread)
 
     Ledger.stuck = _slow_stuck
+
+
+if os.environ.get("AXA_TEST_ATEXIT_FILE"):
+    # The worker's exit handlers (an error reporter's flush) run even when it leaves by os._exit.
+    atexit.register(lambda: open(os.environ["AXA_TEST_ATEXIT_FILE"], "w").write("ran"))  # noqa: SIM115

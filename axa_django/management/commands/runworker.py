@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import logging
 import os
@@ -181,8 +182,9 @@ class Command(BaseCommand):
             # A job thread given up at its timeout may wait on a thread that Python joins at its
             # exit: an async job's event loop, which asgiref runs on a concurrent.futures thread
             # (every one is joined at exit, daemon or not). Blocked, the worker stopped and never
-            # exited, even at the stuck limit (review).
-            logging.shutdown()
+            # exited, even at the stuck limit (review). The exit's own handlers still run first
+            # (logging's, an error reporter's flush); only the join of threads is skipped.
+            atexit._run_exitfuncs()
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
