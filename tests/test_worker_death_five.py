@@ -91,3 +91,45 @@ def test_reload_mode_exits_0_at_sigterm_past_an_async_thread_stuck(
     said = "\n".join(output.lines)
     assert code == 0, (code, said[-2500:])
     assert any("stopped after" in line for line in output.lines), said[-2500:]
+
+
+CALLER = """
+import sys
+import django
+django.setup()
+from django.core.management import call_command
+try:
+    call_command("runworker", *sys.argv[1:])
+finally:
+    print("call_command returned", flush=True)
+"""
+
+
+@pytest.mark.halved
+@pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
+def test_call_command_runworker_returns_to_its_caller_past_a_stuck_sync_thread(
+    workers,
+    fifo,  # noqa: F811 - the fixture imported
+):
+    # runworker leaves by os._exit whenever a stuck job thread lives, even one that could never hold the exit
+    # (a sync job's thread is a daemon): a program that runs the worker in its own process (call_command, a
+    # burst run in a script or a test) is ended under its feet, its own code after the call never run.
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    stuck = flow_jobs.blocked.perform_later(str(fifo))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CALLER, "--burst", "--concurrency", "2", "--timeout-grace", "0.2", "-v", "1"],
+        cwd=ROOT,
+        env=workers.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    workers.procs.append(proc)
+    code = exited(proc, 30)
+    said = proc.stdout.read() if code is not None else ""
+    assert fresh(stuck).status == "failed", said[-2500:]
+    assert code == 0 and "call_command returned" in said, (code, said[-2500:])
