@@ -133,3 +133,34 @@ def test_call_command_runworker_returns_to_its_caller_past_a_stuck_sync_thread(
     said = proc.stdout.read() if code is not None else ""
     assert fresh(stuck).status == "failed", said[-2500:]
     assert code == 0 and "call_command returned" in said, (code, said[-2500:])
+
+
+@pytest.mark.halved
+@pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
+def test_a_first_sigterm_during_the_stuck_limits_stop_does_not_abort_the_running_job(
+    workers,
+    fifo,  # noqa: F811 - the fixture imported
+    fifos,
+    log_file,
+):
+    # The stuck limit's stop is control.fail(): a stop, not a signal. A process manager's SIGTERM that comes
+    # during it is the process's first signal (Signals counts signals, not stops): a stop again, no abort;
+    # the long job its other thread runs finishes, not given back while it runs (disproof).
+    second, _ = fifos
+    proc = workers.start("--concurrency", "2", "--timeout-grace", "0.2", "-v", "1")
+    output = Output(proc)
+    first = flow_jobs.blocked.perform_later(str(fifo))
+    wait_for(lambda: fresh(first).status == "failed", what="the first stuck attempt given up")
+    wait_for(lambda: output.has("starting a new job thread in its place"), what="the replacement")
+    long = hostile_jobs.exclusive.perform_later(4.0, log_file)
+    wait_for(lambda: lines(log_file), what="the long job's start")
+    limit = flow_jobs.blocked.perform_later(str(second))
+    wait_for(lambda: output.has("stuck in jobs past their timeout"), what="the limit reached")
+    proc.send_signal(signal.SIGTERM)
+    code = exited(proc, 30)
+    said = "\n".join(output.lines)
+    assert fresh(limit).status == "failed"
+    assert code == 1, (code, said[-2500:])
+    assert fresh(long).status == "completed" and fresh(long).attempts == 1, said[-2500:]
+    assert lines(log_file) == [f"start {proc.pid} alone", f"end {proc.pid}"], (lines(log_file), said[-2500:])
+    assert "again: giving jobs in progress back" not in said
