@@ -235,9 +235,11 @@ def _joined_at_exit() -> bool:
     blocked in C) leaving by os._exit ended a program that runs the command itself (call_command)
     under its feet, its own code after the call never run (fifth review).
     """
+    from concurrent.futures import process as futures_process
     from concurrent.futures import thread as futures_thread
 
-    pooled = set(getattr(futures_thread, "_threads_queues", {}))
+    # Joined at exit (threading._register_atexit), daemon or not: thread pools' workers, process pools' managers.
+    pooled = {*getattr(futures_thread, "_threads_queues", {}), *getattr(futures_process, "_threads_wakeups", {})}
     here = threading.current_thread()
     return any(
         thread is not here and thread.is_alive() and (not thread.daemon or thread in pooled)
