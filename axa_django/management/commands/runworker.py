@@ -8,6 +8,7 @@ import gc
 import logging
 import os
 import sys
+import threading
 from typing import Any
 
 from django.conf import settings
@@ -178,7 +179,7 @@ class Command(BaseCommand):
         except (CannotConnect, NotMigrated, PoolerMisconfigured) as error:
             raise CommandError(str(error), returncode=2) from None
         members = worker.workers if isinstance(worker, Pools) else [worker]
-        if any(member.ledger.stuck_threads() for member in members):
+        if any(member.ledger.stuck_threads() for member in members) and _joined_at_exit():
             # A job thread given up at its timeout may wait on a thread that Python joins at its
             # exit: an async job's event loop, which asgiref runs on a concurrent.futures thread
             # (every one is joined at exit, daemon or not). Blocked, the worker stopped and never
@@ -225,3 +226,22 @@ class Command(BaseCommand):
             # A queue named without a size, beside sized ones, gets --concurrency threads.
             sizes[queue] = size or options["concurrency"]
         return sizes
+
+
+def _joined_at_exit() -> bool:
+    """Whether a thread the interpreter's exit would join is alive: one not a daemon, or a concurrent.futures one.
+
+    Only then does a stuck job keep the process from exiting; otherwise (a sync job's daemon thread
+    blocked in C) leaving by os._exit ended a program that runs the command itself (call_command)
+    under its feet, its own code after the call never run (fifth review).
+    """
+    from concurrent.futures import process as futures_process
+    from concurrent.futures import thread as futures_thread
+
+    # Joined at exit (threading._register_atexit), daemon or not: thread pools' workers, process pools' managers.
+    pooled = {*getattr(futures_thread, "_threads_queues", {}), *getattr(futures_process, "_threads_wakeups", {})}
+    here = threading.current_thread()
+    return any(
+        thread is not here and thread.is_alive() and (not thread.daemon or thread in pooled)
+        for thread in threading.enumerate()
+    )
