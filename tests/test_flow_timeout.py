@@ -161,7 +161,9 @@ def test_a_worker_whose_threads_are_all_stuck_exits_1(workers, fifo) -> None:
     proc = workers.start("--concurrency", "1", "--timeout-grace", "0.2")
     stuck = flow_jobs.blocked.perform_later(str(fifo))
     assert proc.wait(timeout=60) == 1
-    assert "stuck in jobs past their timeout; exiting 1" in proc.stdout.read()
+    output = proc.stdout.read()
+    assert "stuck in jobs past their timeout; exiting 1" in output
+    assert "stopped because every job thread was stuck past its timeout" in output, output  # no thread "died"
     assert (
         reloaded(stuck).status == "failed" and reloaded(stuck).errors[-1]["type"] == "axa_django.exceptions.JobTimeout"
     )

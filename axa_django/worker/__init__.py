@@ -31,7 +31,7 @@ from ..execution import Claimed, NoHandler, Outcome, perform
 from ..selection import task_backend_aliases
 from .claimer import Claimer
 from .connection import DispatcherConnection, connect, keepalives
-from .control import Control
+from .control import STUCK, Control
 from .dispatcher import Dispatcher
 from .finisher import Finisher, unstorable
 from .heartbeat import Heartbeat
@@ -291,7 +291,10 @@ class Worker:
         control.done.set()
         db.close()
         if control.fatal is not None:
-            logger.critical("worker %s stopped because its %s thread died", self.id, control.fatal)
+            if control.fatal == STUCK:
+                logger.critical("worker %s stopped because every job thread was stuck past its timeout", self.id)
+            else:
+                logger.critical("worker %s stopped because its %s thread died", self.id, control.fatal)
             return 1
         said = summary(ledger.processed, ledger.counts)
         if left:

@@ -10,6 +10,10 @@ from collections.abc import Callable
 logger = logging.getLogger("axa_django")
 
 
+# ``fatal`` when every job thread is stuck in a job past its timeout (no thread died).
+STUCK = "stuck job"
+
+
 class Control:
     """Stop, abort and wake a worker; start its threads so that one dying stops the worker (exit 1).
 

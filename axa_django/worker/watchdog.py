@@ -24,7 +24,7 @@ from .. import registry
 from ..context import JobTimeout
 from ..execution import Claimed, failure
 from ..execution.timeouts import Watch
-from .control import Control
+from .control import STUCK, Control
 from .ledger import Ledger
 from .options import Options
 
@@ -108,7 +108,7 @@ class Watchdog:
             )
             # As at a first signal, not an abort: the threads started in earlier stuck ones' places
             # may be running jobs, which an abort gave back while they ran (twice at once, review).
-            self.control.fail("stuck job")
+            self.control.fail(STUCK)
             return
         logger.error("job %s %s: its thread is stuck; starting a new job thread in its place", job.name, job.id)
         self.replace()

@@ -9,6 +9,8 @@ import logging
 import os
 import sys
 import threading
+from concurrent.futures import process as futures_process
+from concurrent.futures import thread as futures_thread
 from typing import Any
 
 from django.conf import settings
@@ -235,9 +237,6 @@ def _joined_at_exit() -> bool:
     blocked in C) leaving by os._exit ended a program that runs the command itself (call_command)
     under its feet, its own code after the call never run (fifth review).
     """
-    from concurrent.futures import process as futures_process
-    from concurrent.futures import thread as futures_thread
-
     # Joined at exit (threading._register_atexit), daemon or not: thread pools' workers, process pools' managers.
     pooled = {*getattr(futures_thread, "_threads_queues", {}), *getattr(futures_process, "_threads_wakeups", {})}
     here = threading.current_thread()
