@@ -3,6 +3,7 @@ os._exit past stuck threads (b893150, bdc8d6c), attacked with real workers. Each
 
 import re
 import signal
+import time
 
 import pytest
 
@@ -164,3 +165,22 @@ def test_a_first_sigterm_during_the_stuck_limits_stop_does_not_abort_the_running
     assert fresh(long).status == "completed" and fresh(long).attempts == 1, said[-2500:]
     assert lines(log_file) == [f"start {proc.pid} alone", f"end {proc.pid}"], (lines(log_file), said[-2500:])
     assert "again: giving jobs in progress back" not in said
+
+
+@pytest.mark.halved
+@pytest.mark.django_db(transaction=True, available_apps=AXA_APPS)
+def test_a_stop_joining_a_hung_maintenance_thread_still_ends_at_its_grace_period(workers, tmp_path):
+    # The stop joined its threads in steps without looking again at the abort: the grace period running out
+    # while it joined a thread that does not return (the maintenance thread in a statement that never
+    # answers) left the worker waiting for that thread, past the grace period (the fifth review's note).
+    flag = tmp_path / "maintenance"
+    env = workers.env(AXA_TEST_SLOW_MAINTENANCE="30", AXA_TEST_MAINTENANCE_FLAG=str(flag))
+    proc = workers.start("--grace-period", "1", env=env)
+    output = Output(proc)
+    wait_for(flag.exists, what="the maintenance round hung")
+    began = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code = exited(proc, 20)
+    took = time.monotonic() - began
+    assert code == 1 and took < 10, (code, round(took, 1), "\n".join(output.lines)[-2000:])
+    assert output.has("grace period over"), "\n".join(output.lines)[-2000:]

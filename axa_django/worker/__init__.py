@@ -274,17 +274,23 @@ class Worker:
         if self.listener.enabled:
             db.execute(sql.WAKE, {})  # lets the listener see that we stop
         for thread in control.threads:
-            waits = thread.name in ("axa-finisher", "axa-listener") or not control.aborting.is_set()
-            if waits and thread.name not in ("axa-heartbeat", "axa-watchdog"):
-                deadline = None if not control.aborting.is_set() else time.monotonic() + 5
-                # Not a thread stuck in a job past its timeout: it may never return. Asked again as
-                # it is joined: the watchdog counts a thread stuck just after it releases its job, and
-                # a stop that came between joined it for ever (review).
-                while thread.is_alive() and not ledger.is_stuck(thread):
-                    left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
-                    if left <= 0:
+            if thread.name in ("axa-heartbeat", "axa-watchdog"):
+                continue
+            deadline = None
+            # Not a thread stuck in a job past its timeout: it may never return. Asked again as
+            # it is joined: the watchdog counts a thread stuck just after it releases its job, and
+            # a stop that came between joined it for ever (review). An abort (the grace period
+            # over while joining, a second signal) waits only for the finisher and the listener,
+            # 5 s at most (review).
+            while thread.is_alive() and not ledger.is_stuck(thread):
+                if control.aborting.is_set():
+                    if thread.name not in ("axa-finisher", "axa-listener"):
                         break
-                    thread.join(left)
+                    deadline = deadline or time.monotonic() + 5
+                left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+                if left <= 0:
+                    break
+                thread.join(left)
         # A burst worker names the ready jobs it leaves, looked up while it is still registered.
         left = self._left_behind() if options.burst and not control.aborting.is_set() else []
         db.execute(sql.UNREGISTER, {"worker": self.id})

@@ -326,3 +326,19 @@ if os.environ.get("AXA_TEST_SLOW_STUCK"):
 if os.environ.get("AXA_TEST_ATEXIT_FILE"):
     # The worker's exit handlers (an error reporter's flush) run even when it leaves by os._exit.
     atexit.register(lambda: open(os.environ["AXA_TEST_ATEXIT_FILE"], "w").write("ran"))  # noqa: SIM115
+
+
+if os.environ.get("AXA_TEST_SLOW_MAINTENANCE"):
+    # The maintenance thread's first round hangs (as a statement on a frozen network would), once it has
+    # touched AXA_TEST_MAINTENANCE_FLAG: a stop joining it must still end at its grace period.
+    from axa_django import housekeeping as _housekeeping
+
+    _round = _housekeeping.run
+
+    def _slow_round(worker, prune_until=None):
+        if threading.current_thread().name == "axa-maintenance":
+            open(os.environ["AXA_TEST_MAINTENANCE_FLAG"], "w").close()
+            time.sleep(float(os.environ["AXA_TEST_SLOW_MAINTENANCE"]))
+        return _round(worker, prune_until)
+
+    _housekeeping.run = _slow_round
