@@ -11,6 +11,7 @@ from tests.conftest import AXA_APPS, wait_for
 from tests.test_flow_timeout import Output, a_fifo, fifo  # noqa: F401  (fifo: a fixture)
 from tests.test_reliability import fresh, lines
 from tests.test_worker_death import exited
+from tests.test_worker_death_held import given_up_once
 from tests.testapp import flow_jobs, hostile_jobs
 
 
@@ -31,11 +32,7 @@ def test_a_thread_stuck_during_the_stuck_limits_stop_ends_it_and_the_worker_exit
     # thread whose own job gets stuck during that stop is given up (count past the limit: fail() again, no
     # replacement), its job no longer held: the stop ends, the worker exits 1 (disproof: no wait for ever).
     second, third = fifos
-    proc = workers.start("--concurrency", "2", "--timeout-grace", "0.2", "-v", "1")
-    output = Output(proc)
-    first = flow_jobs.blocked.perform_later(str(fifo))
-    wait_for(lambda: fresh(first).status == "failed", what="the first stuck attempt given up")
-    wait_for(lambda: output.has("starting a new job thread in its place"), what="the replacement")
+    proc, output = given_up_once(workers, fifo)
     later = flow_jobs.blocked.using(timeout=2.5).perform_later(str(second))  # stuck during the stop
     limit = flow_jobs.blocked.perform_later(str(third))  # reaches the limit
     wait_for(lambda: fresh(limit).status == "failed", what="the limit reached")
@@ -148,11 +145,7 @@ def test_a_first_sigterm_during_the_stuck_limits_stop_does_not_abort_the_running
     # during it is the process's first signal (Signals counts signals, not stops): a stop again, no abort;
     # the long job its other thread runs finishes, not given back while it runs (disproof).
     second, _ = fifos
-    proc = workers.start("--concurrency", "2", "--timeout-grace", "0.2", "-v", "1")
-    output = Output(proc)
-    first = flow_jobs.blocked.perform_later(str(fifo))
-    wait_for(lambda: fresh(first).status == "failed", what="the first stuck attempt given up")
-    wait_for(lambda: output.has("starting a new job thread in its place"), what="the replacement")
+    proc, output = given_up_once(workers, fifo)
     long = hostile_jobs.exclusive.perform_later(4.0, log_file)
     wait_for(lambda: lines(log_file), what="the long job's start")
     limit = flow_jobs.blocked.perform_later(str(second))

@@ -41,6 +41,16 @@ def stop_while_probed(proc, log_file: str, probes: list) -> tuple[int | None, li
     return exited(proc, 30), rows
 
 
+def given_up_once(workers, path, env=None) -> tuple:
+    """A worker of two job threads, one of them given up stuck in a job and replaced: (process, its output)."""
+    proc = workers.start("--concurrency", "2", "--timeout-grace", "0.2", "-v", "1", env=env)
+    output = Output(proc)
+    first = flow_jobs.blocked.perform_later(str(path))
+    wait_for(lambda: fresh(first).status == "failed", what="the first stuck attempt given up")
+    wait_for(lambda: output.has("starting a new job thread in its place"), what="the replacement")
+    return proc, output
+
+
 @pytest.fixture
 def fifo2(tmp_path):
     with a_fifo(tmp_path / "fifo2") as path:
@@ -262,11 +272,7 @@ def test_the_stuck_limit_does_not_give_back_the_job_a_replacement_thread_runs(
     # while the first one's replacement (or the other thread) runs a job. That job is given back while its
     # thread still runs it, and another worker claims and starts it: twice at once.
     env = workers.env(AXA_TEST_LEASE="10")
-    proc = workers.start("--concurrency", "2", "--timeout-grace", "0.2", "-v", "1", env=env)
-    output = Output(proc)
-    first = flow_jobs.blocked.perform_later(str(fifo))
-    wait_for(lambda: fresh(first).status == "failed", what="the first stuck attempt given up")
-    wait_for(lambda: output.has("starting a new job thread in its place"), what="the replacement")
+    proc, output = given_up_once(workers, fifo, env)
     long = hostile_jobs.exclusive.perform_later(8.0, log_file)
     wait_for(lambda: lines(log_file), what="the long job's start on a live, not stuck, thread")
     other = workers.start("--concurrency", "1", "--job", EXCLUSIVE, env=env)
@@ -368,11 +374,7 @@ def test_a_replacement_threads_death_stops_the_worker_once_the_others_job_finish
     # SystemExit, on replacement threads only). Control.fail(): a graceful stop; alive() has the other, live and
     # not stuck, thread, whose job finishes and is not given back; the stuck thread is not joined; exit 1.
     env = workers.env(AXA_TEST_LEASE="10", AXA_TEST_DIE_AFTER_FINISH="replacement")
-    proc = workers.start("--concurrency", "2", "--timeout-grace", "0.2", "-v", "1", env=env)
-    output = Output(proc)
-    stuck = flow_jobs.blocked.perform_later(str(fifo))
-    wait_for(lambda: fresh(stuck).status == "failed", what="the stuck attempt given up")
-    wait_for(lambda: output.has("starting a new job thread in its place"), what="the replacement")
+    proc, output = given_up_once(workers, fifo, env)
     ran = f"{log_file}.ran"
     for _ in range(8):  # the two live threads take jobs in no set order: until the replacement takes one
         long = hostile_jobs.exclusive.perform_later(3.0, log_file)
